@@ -1,0 +1,170 @@
+// Command govirtiofsd is a virtio-fs daemon: it shares a host directory with
+// a virtual machine over vhost-user. It is a drop-in replacement for the C
+// and Rust virtiofsd: QEMU starts it with --socket-path (or libvirt and Kata
+// with --fd) and it serves one front-end connection, then exits.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/govirtiofsd/govirtiofsd/internal/fuse"
+	"github.com/govirtiofsd/govirtiofsd/internal/vhostuser"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "0.1.0-dev"
+
+func main() {
+	if err := newCommand().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "govirtiofsd:", err)
+		os.Exit(1)
+	}
+}
+
+func newCommand() *cobra.Command {
+	o := &Options{FD: -1, Queues: vhostuser.MaxRings - 1, LogLevel: "info"}
+	cmd := &cobra.Command{
+		Use:           "govirtiofsd --socket-path PATH --shared-dir DIR",
+		Short:         "virtio-fs daemon: share a host directory with a virtual machine",
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE:          func(cmd *cobra.Command, args []string) error { return run(o) },
+	}
+	cmd.SetVersionTemplate("") // -V is ours
+	registerFlags(cmd.Flags(), o)
+	return cmd
+}
+
+func run(o *Options) error {
+	if o.Version {
+		fmt.Printf("govirtiofsd %s\n", version)
+		return nil
+	}
+	if o.PrintCapabilities {
+		// The vhost-user back-end capabilities JSON (QEMU's
+		// docs/interop/vhost-user.json). Features are listed only once
+		// they are complete.
+		fmt.Println("{\n  \"type\": \"fs\",\n  \"features\": [\n  ]\n}")
+		return nil
+	}
+	log, err := newLogger(o.LogLevel)
+	if err != nil {
+		return err
+	}
+	if o.SharedDir == "" {
+		return errors.New("--shared-dir (or -o source=) is required")
+	}
+	if st, err := os.Stat(o.SharedDir); err != nil {
+		return fmt.Errorf("shared directory: %w", err)
+	} else if !st.IsDir() {
+		return fmt.Errorf("shared directory %s is not a directory", o.SharedDir)
+	}
+	if (o.SocketPath == "") == (o.FD < 0) {
+		return errors.New("give exactly one of --socket-path and --fd")
+	}
+	if o.Queues < 1 || o.Queues > vhostuser.MaxRings-1 {
+		return fmt.Errorf("--queues %d: want 1..%d", o.Queues, vhostuser.MaxRings-1)
+	}
+
+	ln, err := listen(o)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+
+	fs := fuse.NewServer(log)
+	backend, err := vhostuser.NewBackend(vhostuser.Config{
+		RequestQueues: o.Queues,
+		Tag:           o.Tag,
+		Logger:        log,
+		Handler: vhostuser.HandlerFunc(func(i int) vhostuser.RequestHandler {
+			return fs.Queue(i)
+		}),
+	})
+	if err != nil {
+		return err
+	}
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	go func() {
+		s := <-sigs
+		log.Info("signal received, exiting", "signal", s.String())
+		ln.Close() // removes the socket we created
+		os.Exit(0)
+	}()
+
+	log.Info("waiting for vhost-user connection", "socket", o.SocketPath, "fd", o.FD, "shared_dir", o.SharedDir)
+	c, err := ln.AcceptUnix()
+	if err != nil {
+		return fmt.Errorf("accept: %w", err)
+	}
+	// One front end per daemon, as with the C and Rust daemons: stop
+	// listening (and remove the socket) once it is connected.
+	ln.Close()
+	log.Info("front end connected")
+	defer c.Close()
+	if err := backend.Serve(c); err != nil {
+		return fmt.Errorf("vhost-user: %w", err)
+	}
+	return nil
+}
+
+// listen creates the vhost-user socket or adopts an inherited one.
+func listen(o *Options) (*net.UnixListener, error) {
+	if o.FD >= 0 {
+		f := os.NewFile(uintptr(o.FD), "vhost-user-listener")
+		l, err := net.FileListener(f)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("--fd %d: %w", o.FD, err)
+		}
+		ul, ok := l.(*net.UnixListener)
+		if !ok {
+			l.Close()
+			return nil, fmt.Errorf("--fd %d is not a unix socket", o.FD)
+		}
+		ul.SetUnlinkOnClose(false) // not ours to remove
+		return ul, nil
+	}
+	if st, err := os.Lstat(o.SocketPath); err == nil && st.Mode()&os.ModeSocket != 0 {
+		os.Remove(o.SocketPath) // a stale socket from an earlier run
+	}
+	old := syscall.Umask(0o077) // the socket is created 0600
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: o.SocketPath, Net: "unix"})
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", o.SocketPath, err)
+	}
+	ln.SetUnlinkOnClose(true)
+	return ln, nil
+}
+
+func newLogger(level string) (*slog.Logger, error) {
+	var l slog.Level
+	switch strings.ToLower(level) {
+	case "trace", "debug":
+		l = slog.LevelDebug
+	case "info":
+		l = slog.LevelInfo
+	case "warn", "warning":
+		l = slog.LevelWarn
+	case "error", "err":
+		l = slog.LevelError
+	case "off":
+		l = slog.LevelError + 100
+	default:
+		return nil, fmt.Errorf("unknown log level %q", level)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}

@@ -1,0 +1,121 @@
+package bufvec
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// iovMax is the kernel's UIO_MAXIOV: the most iovecs one vectored call takes.
+const iovMax = 1024
+
+// iovecs is scratch space for building iovec arrays without allocating.
+type iovecs struct {
+	v []unix.Iovec
+}
+
+func (s *iovecs) init(maxSegs int) {
+	s.v = make([]unix.Iovec, 0, min(max(maxSegs, 1), iovMax))
+}
+
+// fill builds iovecs for up to n bytes starting at the cursor, stopping at
+// iovMax entries or at the first unmapped segment. It returns the number of
+// bytes covered.
+func (v *Vec) fill(n int) int {
+	if cap(v.iov.v) == 0 {
+		v.iov.init(len(v.segs))
+	}
+	iov := v.iov.v[:0]
+	covered := 0
+	off := v.off
+	for i := v.seg; i < len(v.segs) && covered < n && len(iov) < cap(iov); i++ {
+		s := &v.segs[i]
+		if !s.Mapped() {
+			break
+		}
+		c := min(len(s.Buf)-off, n-covered)
+		iov = append(iov, unix.Iovec{Base: &s.Buf[off], Len: uint64(c)})
+		covered += c
+		off = 0
+	}
+	v.iov.v = iov
+	return covered
+}
+
+// WriteTo writes the next n bytes after the cursor to fd at file offset off
+// with pwritev straight from guest memory, looping on short writes and
+// splitting at IOV_MAX, and advances the cursor by what was written. It
+// stops early, with ErrUnmapped, at an unmapped segment; the bytes before it
+// are written and counted.
+func (v *Vec) WriteTo(fd int, off int64, n int) (int, error) {
+	if n > v.Len() {
+		return 0, ErrShort
+	}
+	done := 0
+	for done < n {
+		covered := v.fill(n - done)
+		if covered == 0 {
+			return done, ErrUnmapped
+		}
+		w, err := vectored(unix.SYS_PWRITEV, fd, v.iov.v, off+int64(done))
+		if w > 0 {
+			v.advance(w)
+			done += w
+		}
+		if err != nil {
+			return done, err
+		}
+		if w == 0 {
+			return done, unix.EIO // a regular file never accepts 0 bytes of n>0
+		}
+	}
+	return done, nil
+}
+
+// ReadFrom reads up to n bytes from fd at file offset off into the segments
+// after the cursor with preadv, looping on short reads until n bytes or end
+// of file, and advances the cursor by what was read.
+func (v *Vec) ReadFrom(fd int, off int64, n int) (int, error) {
+	if n > v.Len() {
+		return 0, ErrShort
+	}
+	done := 0
+	for done < n {
+		covered := v.fill(n - done)
+		if covered == 0 {
+			return done, ErrUnmapped
+		}
+		r, err := vectored(unix.SYS_PREADV, fd, v.iov.v, off+int64(done))
+		if r > 0 {
+			v.advance(r)
+			done += r
+		}
+		if err != nil {
+			return done, err
+		}
+		if r == 0 {
+			break // end of file
+		}
+	}
+	return done, nil
+}
+
+// vectored issues one preadv/pwritev, retrying on EINTR. It uses the raw
+// syscall so the hot path allocates nothing.
+func vectored(trap uintptr, fd int, iov []unix.Iovec, off int64) (int, error) {
+	if len(iov) == 0 {
+		return 0, nil
+	}
+	for {
+		r, _, errno := unix.Syscall6(trap, uintptr(fd),
+			uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)),
+			uintptr(off), uintptr(uint64(off)>>32>>32), 0)
+		if errno == unix.EINTR {
+			continue
+		}
+		if errno != 0 {
+			return 0, errno
+		}
+		return int(r), nil
+	}
+}

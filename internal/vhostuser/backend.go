@@ -1,0 +1,546 @@
+// Package vhostuser is the daemon's vhost-user back end: it reads the front
+// end's (QEMU's, Cloud Hypervisor's) messages from the unix socket, negotiates
+// features, maps guest memory regions, sets up one virtqueue.Queue per ring
+// and runs one goroutine per enabled ring that hands each popped chain to a
+// RequestHandler (the FUSE layer) and pushes the result.
+//
+// Every message is checked before it changes state. A message the back end
+// cannot honour is refused (an error reply when the front end asked for one,
+// a log line otherwise) and the connection goes on; only a stream that is
+// out of step (bad version bits, a truncated or absurd payload) or gone ends
+// it. When the front end disconnects, Serve stops every ring, waits for the
+// requests in flight, unmaps guest memory and returns nil.
+package vhostuser
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
+	"github.com/govirtiofsd/govirtiofsd/internal/virtqueue"
+)
+
+// Virtio feature bits.
+const (
+	featNotifyOnEmpty    = 1 << 24
+	featIndirectDesc     = 1 << 28
+	featEventIdx         = 1 << 29
+	featProtocolFeatures = 1 << 30 // VHOST_USER_F_PROTOCOL_FEATURES
+	featVersion1         = 1 << 32
+	featRingReset        = 1 << 40 // never offered: QEMU 7.2 mishandles it
+)
+
+// Protocol feature bits.
+const (
+	protoMQ                = 1 << 0
+	protoLogShmFD          = 1 << 1
+	protoReplyAck          = 1 << 3
+	protoBackendReq        = 1 << 5
+	protoConfig            = 1 << 9
+	protoBackendSendFD     = 1 << 10
+	protoInflightShmFD     = 1 << 12
+	protoResetDevice       = 1 << 13
+	protoConfigureMemSlots = 1 << 15
+	protoStatus            = 1 << 16
+)
+
+const (
+	// MaxRings is the number of rings the back end serves: KICK and CALL
+	// messages carry the ring index in 8 bits.
+	MaxRings = 256
+	// maxMemSlots is what GET_MAX_MEM_SLOTS answers (libvhost-user's value).
+	maxMemSlots = 509
+	// configSize is the size of struct virtio_fs_config: tag[36] and
+	// num_request_queues.
+	configSize    = 40
+	maxConfigSize = 256
+	vringNoFD     = 1 << 8
+	vringIdxMask  = 0xff
+)
+
+// RequestHandler serves the requests of one ring: it reads the request from
+// in, writes the reply into out and returns the number of bytes written,
+// which becomes the used length.
+type RequestHandler interface {
+	Serve(in, out *bufvec.Vec) uint32
+}
+
+// Handler hands out one RequestHandler per ring (index 0 is hiprio).
+type Handler interface {
+	QueueHandler(index int) RequestHandler
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(index int) RequestHandler
+
+// QueueHandler calls f.
+func (f HandlerFunc) QueueHandler(index int) RequestHandler { return f(index) }
+
+// Config configures a Backend.
+type Config struct {
+	// RequestQueues is the number of request queues advertised by
+	// GET_QUEUE_NUM (plus one for hiprio) and in the device config.
+	RequestQueues int
+	// Tag is the file system tag for GET_CONFIG. When empty the CONFIG
+	// protocol feature is not offered (QEMU 7.2 warns about it).
+	Tag     string
+	Handler Handler
+	Logger  *slog.Logger
+}
+
+// Backend serves one vhost-user connection.
+type Backend struct {
+	cfg Config
+	log *slog.Logger
+	c   *conn
+
+	offered      uint64
+	protoOffered uint64
+	acked        uint64
+	proto        uint64
+	owned        bool
+	status       uint8
+
+	memory  virtqueue.MemoryMap
+	regions []virtqueue.Region // current regions; mappings held by the current table
+
+	rings   [MaxRings]*vring
+	backend BackendChannel
+}
+
+// NewBackend returns a back end for cfg.
+func NewBackend(cfg Config) (*Backend, error) {
+	if cfg.Handler == nil {
+		return nil, errors.New("vhostuser: no handler")
+	}
+	if cfg.RequestQueues < 1 || cfg.RequestQueues > MaxRings-1 {
+		return nil, fmt.Errorf("vhostuser: %d request queues, want 1..%d", cfg.RequestQueues, MaxRings-1)
+	}
+	if len(cfg.Tag) > 36 {
+		return nil, fmt.Errorf("vhostuser: tag %q longer than 36 bytes", cfg.Tag)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	b := &Backend{cfg: cfg, log: cfg.Logger}
+	b.offered = featVersion1 | featIndirectDesc | featEventIdx | featProtocolFeatures
+	b.protoOffered = protoMQ | protoReplyAck | protoBackendReq | protoBackendSendFD |
+		protoResetDevice | protoConfigureMemSlots | protoStatus
+	if cfg.Tag != "" {
+		b.protoOffered |= protoConfig
+	}
+	b.backend.fd = -1
+	return b, nil
+}
+
+// Backend returns the channel for back-end-initiated requests.
+func (b *Backend) Channel() *BackendChannel { return &b.backend }
+
+// Serve runs the message loop on c until the front end disconnects. It
+// returns nil on a clean disconnect and an error when the stream broke; in
+// both cases every ring is stopped and all memory released.
+func (b *Backend) Serve(uc *net.UnixConn) error {
+	b.c = newConn(uc)
+	defer b.shutdown()
+	for {
+		m, err := b.c.readMessage()
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+				b.log.Info("front end disconnected")
+				return nil
+			}
+			if m != nil {
+				// Skipped an oversized payload: refuse it, stay connected.
+				b.refuse(m, err)
+				continue
+			}
+			return fmt.Errorf("read message: %w", err)
+		}
+		if err := b.dispatch(m); err != nil {
+			return err
+		}
+	}
+}
+
+// shutdown stops every ring and releases memory and fds.
+func (b *Backend) shutdown() {
+	for _, r := range b.rings {
+		if r != nil {
+			r.reset()
+		}
+	}
+	b.memory.Replace(nil)
+	b.regions = nil
+	b.backend.close()
+}
+
+func (b *Backend) ring(index uint32) (*vring, error) {
+	if index >= MaxRings {
+		return nil, fmt.Errorf("ring index %d beyond %d", index, MaxRings-1)
+	}
+	if b.rings[index] == nil {
+		b.rings[index] = newVring(b, int(index))
+	}
+	return b.rings[index], nil
+}
+
+// refuse logs a message that could not be honoured and, when the front end
+// waits for an acknowledgement, reports the failure.
+func (b *Backend) refuse(m *Message, err error) {
+	b.log.Warn("vhost-user message refused", "request", requestName(m.Request), "err", err)
+	if m.needReply() && b.proto&protoReplyAck != 0 {
+		if err := b.c.replyU64(m.Request, 1); err != nil {
+			b.log.Warn("reply", "err", err)
+		}
+	}
+}
+
+// dispatch handles one message. Only a failure to write a reply (the
+// connection is gone) is returned.
+func (b *Backend) dispatch(m *Message) error {
+	b.log.Debug("vhost-user message", "request", requestName(m.Request), "size", len(m.Payload), "fds", len(m.FDs))
+	defer m.closeFDs()
+	var (
+		reply   []byte // the request's own reply, if it has one
+		replied = true
+		err     error
+	)
+	switch m.Request {
+	case reqGetFeatures:
+		reply = u64(b.offered)
+	case reqGetProtocolFeatures:
+		reply = u64(b.protoOffered)
+	case reqGetQueueNum:
+		reply = u64(uint64(1 + b.cfg.RequestQueues))
+	case reqGetMaxMemSlots:
+		reply = u64(maxMemSlots)
+	case reqGetStatus:
+		reply = u64(uint64(b.status))
+	case reqGetVringBase:
+		reply, err = b.getVringBase(m)
+	case reqGetConfig:
+		reply, err = b.getConfig(m)
+	case reqGetInflightFD:
+		// Not offered; answer an empty area so a confused front end
+		// does not wait forever.
+		reply = make([]byte, 8+8+2+2)
+	default:
+		replied = false
+		err = b.handleSet(m)
+	}
+	if replied {
+		if err != nil {
+			b.log.Warn("vhost-user message refused", "request", requestName(m.Request), "err", err)
+		}
+		return b.c.reply(m.Request, reply)
+	}
+	if err != nil {
+		b.refuse(m, err)
+		return nil
+	}
+	if m.needReply() && b.proto&protoReplyAck != 0 {
+		return b.c.replyU64(m.Request, 0)
+	}
+	return nil
+}
+
+func u64(v uint64) []byte {
+	b := make([]byte, 8)
+	binary.LittleEndian.PutUint64(b, v)
+	return b
+}
+
+// handleSet handles the messages that have no reply of their own.
+func (b *Backend) handleSet(m *Message) error {
+	switch m.Request {
+	case reqSetOwner:
+		b.owned = true
+		return nil
+	case reqResetOwner, reqResetDevice:
+		b.resetDevice()
+		return nil
+	case reqSetFeatures:
+		v, err := payloadU64(m)
+		if err != nil {
+			return err
+		}
+		if extra := v &^ b.offered; extra != 0 {
+			return fmt.Errorf("features %#x were not offered", extra)
+		}
+		b.acked = v
+		return nil
+	case reqSetProtocolFeatures:
+		v, err := payloadU64(m)
+		if err != nil {
+			return err
+		}
+		if extra := v &^ b.protoOffered; extra != 0 {
+			return fmt.Errorf("protocol features %#x were not offered", extra)
+		}
+		b.proto = v
+		return nil
+	case reqSetMemTable:
+		return b.setMemTable(m)
+	case reqAddMemReg:
+		return b.addMemReg(m)
+	case reqRemMemReg:
+		return b.remMemReg(m)
+	case reqSetVringNum:
+		return b.setVringNum(m)
+	case reqSetVringAddr:
+		return b.setVringAddr(m)
+	case reqSetVringBase:
+		return b.setVringBase(m)
+	case reqSetVringKick:
+		return b.setVringKick(m)
+	case reqSetVringCall:
+		return b.setVringFile(m, (*vring).setCall)
+	case reqSetVringErr:
+		return b.setVringFile(m, (*vring).setErr)
+	case reqSetVringEnable:
+		return b.setVringEnable(m)
+	case reqSetBackendReqFD:
+		fd := m.takeFD()
+		if fd < 0 {
+			return errors.New("no fd attached")
+		}
+		b.backend.set(fd)
+		return nil
+	case reqSetStatus:
+		v, err := payloadU64(m)
+		if err != nil {
+			return err
+		}
+		// Recorded for GET_STATUS only: QEMU 7.2 never sends DRIVER_OK
+		// for fs, so status must not drive the ring lifecycle.
+		b.status = uint8(v)
+		return nil
+	case reqSetConfig:
+		return errors.New("the virtio-fs config space is read-only")
+	case reqSetLogBase, reqSetLogFD, reqSetInflightFD:
+		return errors.New("not negotiated (no migration logging or inflight tracking)")
+	default:
+		return errors.New("unknown or unsupported request")
+	}
+}
+
+func (b *Backend) resetDevice() {
+	for _, r := range b.rings {
+		if r != nil {
+			r.reset()
+		}
+	}
+	b.acked = 0
+	b.status = 0
+}
+
+func (b *Backend) setVringNum(m *Message) error {
+	s, err := payloadVringState(m)
+	if err != nil {
+		return err
+	}
+	r, err := b.ring(s.index)
+	if err != nil {
+		return err
+	}
+	if r.started() {
+		return fmt.Errorf("ring %d is running", s.index)
+	}
+	if s.num == 0 || s.num > virtqueue.MaxSize || s.num&(s.num-1) != 0 {
+		return fmt.Errorf("ring %d size %d is not a power of two in 1..%d", s.index, s.num, virtqueue.MaxSize)
+	}
+	r.num = uint16(s.num)
+	return nil
+}
+
+func (b *Backend) setVringBase(m *Message) error {
+	s, err := payloadVringState(m)
+	if err != nil {
+		return err
+	}
+	r, err := b.ring(s.index)
+	if err != nil {
+		return err
+	}
+	if r.started() {
+		return fmt.Errorf("ring %d is running", s.index)
+	}
+	if s.num > 0xffff {
+		return fmt.Errorf("ring %d base %d beyond 16 bits", s.index, s.num)
+	}
+	r.base = uint16(s.num)
+	return nil
+}
+
+func (b *Backend) setVringAddr(m *Message) error {
+	a, err := payloadVringAddr(m)
+	if err != nil {
+		return err
+	}
+	r, err := b.ring(a.index)
+	if err != nil {
+		return err
+	}
+	if r.started() {
+		return fmt.Errorf("ring %d is running", a.index)
+	}
+	r.addr, r.hasAddr = a, true
+	return nil
+}
+
+// setVringKick starts the ring (or swaps its kick fd if it runs).
+func (b *Backend) setVringKick(m *Message) error {
+	v, err := payloadU64(m)
+	if err != nil {
+		return err
+	}
+	r, err := b.ring(uint32(v & vringIdxMask))
+	if err != nil {
+		return err
+	}
+	fd := -1
+	if v&vringNoFD == 0 {
+		if fd = m.takeFD(); fd < 0 {
+			return fmt.Errorf("ring %d: no kick fd attached", r.index)
+		}
+	}
+	if r.started() {
+		r.pause()
+		if r.kickFD >= 0 {
+			unix.Close(r.kickFD)
+		}
+		r.kickFD, r.kickSet = fd, true
+		r.resume()
+		return nil
+	}
+	if r.kickFD >= 0 {
+		unix.Close(r.kickFD)
+	}
+	r.kickFD, r.kickSet = fd, true
+	if b.acked&featProtocolFeatures == 0 {
+		// Without PROTOCOL_FEATURES a ring is enabled when it starts.
+		r.enabled = true
+	}
+	if err := r.start(); err != nil {
+		return fmt.Errorf("start ring %d: %w", r.index, err)
+	}
+	r.resume()
+	return nil
+}
+
+func (b *Backend) setVringFile(m *Message, set func(*vring, int)) error {
+	v, err := payloadU64(m)
+	if err != nil {
+		return err
+	}
+	r, err := b.ring(uint32(v & vringIdxMask))
+	if err != nil {
+		return err
+	}
+	fd := -1
+	if v&vringNoFD == 0 {
+		if fd = m.takeFD(); fd < 0 {
+			return fmt.Errorf("ring %d: no fd attached", r.index)
+		}
+	}
+	set(r, fd)
+	return nil
+}
+
+func (b *Backend) setVringEnable(m *Message) error {
+	s, err := payloadVringState(m)
+	if err != nil {
+		return err
+	}
+	r, err := b.ring(s.index)
+	if err != nil {
+		return err
+	}
+	switch s.num {
+	case 0:
+		r.enabled = false
+		r.pause()
+	case 1:
+		r.enabled = true
+		r.resume()
+	default:
+		return fmt.Errorf("ring %d enable value %d", s.index, s.num)
+	}
+	return nil
+}
+
+// getVringBase stops the ring and reports the next avail index to process.
+// It returns only once every chain the ring popped has been completed and
+// pushed, so a restart at that index neither repeats nor loses a request.
+func (b *Backend) getVringBase(m *Message) ([]byte, error) {
+	reply := make([]byte, 8)
+	s, err := payloadVringState(m)
+	if err != nil {
+		return reply, err
+	}
+	binary.LittleEndian.PutUint32(reply, s.index)
+	r, err := b.ring(s.index)
+	if err != nil {
+		return reply, err
+	}
+	base := r.stop()
+	binary.LittleEndian.PutUint32(reply[4:], uint32(base))
+	b.log.Debug("ring stopped", "queue", r.index, "base", base)
+	return reply, nil
+}
+
+// getConfig answers from struct virtio_fs_config.
+func (b *Backend) getConfig(m *Message) ([]byte, error) {
+	p := m.Payload
+	if len(p) < 12 {
+		return make([]byte, 12), fmt.Errorf("payload of %d bytes, want at least 12", len(p))
+	}
+	off := binary.LittleEndian.Uint32(p[0:])
+	size := binary.LittleEndian.Uint32(p[4:])
+	reply := make([]byte, 12)
+	copy(reply, p[:12])
+	if size > maxConfigSize || len(p) != 12+int(size) {
+		binary.LittleEndian.PutUint32(reply[4:], 0)
+		return reply, fmt.Errorf("config size %d with payload %d", size, len(p))
+	}
+	var cfg [configSize]byte
+	copy(cfg[:36], b.cfg.Tag)
+	binary.LittleEndian.PutUint32(cfg[36:], uint32(b.cfg.RequestQueues))
+	data := make([]byte, size)
+	if uint64(off) < configSize {
+		copy(data, cfg[off:])
+	}
+	return append(reply, data...), nil
+}
+
+// BackendChannel is the socket for back-end-initiated requests
+// (SET_BACKEND_REQ_FD); the bounce path through the VMM uses it.
+type BackendChannel struct {
+	mu sync.Mutex
+	fd int
+}
+
+func (c *BackendChannel) set(fd int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fd >= 0 {
+		unix.Close(c.fd)
+	}
+	c.fd = fd
+}
+
+func (c *BackendChannel) close() { c.set(-1) }
+
+// Available reports whether the front end gave us a channel.
+func (c *BackendChannel) Available() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.fd >= 0
+}
