@@ -2,8 +2,10 @@ package vhostuser
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -200,6 +202,20 @@ func (rn *runner) stop() {
 
 func (rn *runner) serve() {
 	defer close(rn.done)
+	// Guest memory is a shared mapping of the front end's file: if the
+	// front end shrinks that file, touching it raises SIGBUS. Turn such a
+	// fault into a panic of this goroutine, stop the ring and keep the
+	// daemon alive.
+	debug.SetPanicOnFault(true)
+	defer func() {
+		if e := recover(); e != nil {
+			fault, ok := e.(interface{ Addr() uintptr })
+			if !ok {
+				panic(e)
+			}
+			rn.r.log().Error("fault on guest memory; ring stopped", "addr", fmt.Sprintf("%#x", fault.Addr()))
+		}
+	}()
 	r, q := rn.r, rn.q
 	chain := virtqueue.NewDescChain(q.Size())
 	var kickBuf [8]byte
