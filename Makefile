@@ -20,7 +20,7 @@ FUZZTIME ?= 60s
 # (QEMU 7.2 with the reference virtiofsd, busybox, cpio, fio, zstd/xz for
 # kernel modules).
 DEB_PKGS := build-essential libseccomp-dev qemu-system-x86 qemu-system-common \
-	busybox-static cpio fio xz-utils zstd kmod
+	busybox-static cpio fio xz-utils zstd
 
 # Fuzz targets: package:Target.
 FUZZ_TARGETS := \
