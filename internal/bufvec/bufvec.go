@@ -77,11 +77,11 @@ func (v *Vec) Append(s Segment) error {
 	if s.Buf != nil && len(s.Buf) != int(s.Len) {
 		return fmt.Errorf("bufvec: segment length %d does not match buffer length %d", s.Len, len(s.Buf))
 	}
+	if s.Len == 0 {
+		return nil // carries nothing, takes no room
+	}
 	if len(v.segs) == cap(v.segs) {
 		return fmt.Errorf("bufvec: more than %d segments", cap(v.segs))
-	}
-	if s.Len == 0 {
-		return nil
 	}
 	v.segs = append(v.segs, s)
 	v.total += int(s.Len)
@@ -200,7 +200,7 @@ func (v *Vec) WriteAt(p []byte, pos int) error {
 
 // Zero writes n zero bytes at the cursor and advances it.
 func (v *Vec) Zero(n int) error {
-	if n > v.Len() {
+	if n < 0 || n > v.Len() {
 		return ErrShort
 	}
 	if err := v.checkMapped(n); err != nil {
@@ -229,12 +229,16 @@ func (v *Vec) checkMapped(n int) error {
 	return nil
 }
 
-// ContiguousAt returns the next n bytes as one slice of guest memory if they
+// Contiguous returns the next n bytes as one slice of guest memory if they
 // lie in a single mapped segment, without moving the cursor. Decoders use it
-// to read names in place.
+// to read names in place. n == 0 always succeeds (with an empty slice);
+// n < 0 never does.
 func (v *Vec) Contiguous(n int) ([]byte, bool) {
-	if n > v.Len() || v.seg >= len(v.segs) {
-		return nil, n == 0
+	if n < 0 || n > v.Len() {
+		return nil, false
+	}
+	if n == 0 {
+		return []byte{}, true
 	}
 	s := &v.segs[v.seg]
 	if !s.Mapped() || v.off+n > len(s.Buf) {

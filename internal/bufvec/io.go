@@ -48,7 +48,7 @@ func (v *Vec) fill(n int) int {
 // stops early, with ErrUnmapped, at an unmapped segment; the bytes before it
 // are written and counted.
 func (v *Vec) WriteTo(fd int, off int64, n int) (int, error) {
-	if n > v.Len() {
+	if n < 0 || n > v.Len() {
 		return 0, ErrShort
 	}
 	done := 0
@@ -76,7 +76,7 @@ func (v *Vec) WriteTo(fd int, off int64, n int) (int, error) {
 // after the cursor with preadv, looping on short reads until n bytes or end
 // of file, and advances the cursor by what was read.
 func (v *Vec) ReadFrom(fd int, off int64, n int) (int, error) {
-	if n > v.Len() {
+	if n < 0 || n > v.Len() {
 		return 0, ErrShort
 	}
 	done := 0

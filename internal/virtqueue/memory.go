@@ -91,6 +91,12 @@ type GuestMemory struct {
 // on the regions' mappings; the table starts with one reference, the owner's.
 func NewGuestMemory(regions []Region) (*GuestMemory, error) {
 	g := &GuestMemory{regions: append([]Region(nil), regions...)}
+	for i := range g.regions {
+		if g.regions[i].mapping == nil {
+			// A zero Region, or one NewRegion refused.
+			return nil, fmt.Errorf("region at guest address %#x has no mapping", g.regions[i].GuestPhysAddr)
+		}
+	}
 	sort.Slice(g.regions, func(i, j int) bool { return g.regions[i].GuestPhysAddr < g.regions[j].GuestPhysAddr })
 	for i := 1; i < len(g.regions); i++ {
 		p, r := &g.regions[i-1], &g.regions[i]

@@ -86,12 +86,16 @@ type Queue struct {
 	broken    bool
 
 	// Producer state (Push/Notify), guarded by mu.
-	mu         sync.Mutex
-	usedIdx    uint16
-	signalled  uint16 // used index at the last notification decision
+	mu        sync.Mutex
+	usedIdx   uint16
+	signalled uint16 // used index at the last notification decision
+	// decided is false until the first notification decision: a new ring
+	// does not know what the guest was told before it (a restarted ring, a
+	// reconnected daemon), so with EVENT_IDX its first decision signals,
+	// as vhost's signalled_used_valid does.
+	decided    bool
 	callFD     int    // eventfd to signal the guest, -1 for none
 	fence      uint32 // target of the atomic op used as a full barrier
-	pushedSize int
 }
 
 // New validates cfg against mem and returns a ring ready to serve. The ring
@@ -198,10 +202,15 @@ func (q *Queue) EnableNotify() bool {
 // Pop takes the next available chain into c. It returns false with a nil
 // error when the ring is empty. On ErrBadChain the chain's head is in
 // c.Head and must be pushed back (with length 0); on ErrBadHead the entry
-// was consumed and there is nothing to push.
+// was consumed and there is nothing to push. Without guest memory (mem nil)
+// it returns false with an error and consumes nothing.
 func (q *Queue) Pop(c *DescChain, mem *GuestMemory) (bool, error) {
 	if q.broken {
 		return false, ErrBroken
+	}
+	if mem == nil {
+		// Nothing to translate buffers with: leave the entry for later.
+		return false, errors.New("virtqueue: Pop without guest memory")
 	}
 	availIdx := q.loadAvailIdx()
 	pending := availIdx - q.lastAvail
@@ -346,11 +355,11 @@ func (q *Queue) notify() error {
 	var need bool
 	if q.eventIdx {
 		usedEvent := binary.LittleEndian.Uint16(q.avail[4+2*int(q.size):])
-		need = cur-usedEvent-1 < cur-old
+		need = cur-usedEvent-1 < cur-old || !q.decided
 	} else {
 		need = q.loadAvailFlags()&availNoInterrupt == 0
 	}
-	q.signalled = cur
+	q.signalled, q.decided = cur, true
 	if !need || q.callFD < 0 {
 		return nil
 	}
