@@ -93,9 +93,9 @@ type Queue struct {
 	// does not know what the guest was told before it (a restarted ring, a
 	// reconnected daemon), so with EVENT_IDX its first decision signals,
 	// as vhost's signalled_used_valid does.
-	decided    bool
-	callFD     int    // eventfd to signal the guest, -1 for none
-	fence      uint32 // target of the atomic op used as a full barrier
+	decided bool
+	callFD  int    // eventfd to signal the guest, -1 for none
+	fence   uint32 // target of the atomic op used as a full barrier
 }
 
 // New validates cfg against mem and returns a ring ready to serve. The ring
