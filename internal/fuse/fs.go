@@ -18,8 +18,10 @@ import (
 // unnamed func types, so a file system (internal/passthrough) satisfies the
 // interface without importing this package.
 //
-// Names are the guest's bytes without the terminating NUL; they point into
-// request memory and must not be retained after the call returns.
+// Names are the guest's bytes without the terminating NUL, already checked
+// to contain no NUL. They are copies in per-queue scratch memory (never the
+// guest's memory, which the guest could change between a check and its use)
+// and must not be retained after the call returns.
 //
 // Methods are called concurrently from several queues.
 type FileSystem interface {
@@ -42,7 +44,8 @@ type FileSystem interface {
 	Forget(nodeID, nlookup uint64)
 	GetAttr(in *gofuse.GetAttrIn, out *gofuse.AttrOut) syscall.Errno
 	SetAttr(in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno
-	// Readlink writes the target into buf and returns its length.
+	// Readlink writes the target into buf (PATH_MAX bytes) and returns
+	// its length.
 	Readlink(h *gofuse.InHeader, buf []byte) (int, syscall.Errno)
 	Symlink(h *gofuse.InHeader, target, name []byte, out *gofuse.EntryOut) syscall.Errno
 	Mknod(in *gofuse.MknodIn, name []byte, out *gofuse.EntryOut) syscall.Errno
@@ -59,10 +62,12 @@ type FileSystem interface {
 	// Tmpfile creates an unnamed file in directory in.NodeId.
 	Tmpfile(in *gofuse.CreateIn, out *gofuse.CreateOut) syscall.Errno
 	// Read reads up to in.Size bytes at in.Offset straight into dst (one
-	// preadv of guest memory) and returns the byte count.
+	// preadv of guest memory) and returns the byte count. The server
+	// clamps in.Size to dst.Len(), the room after the reply header.
 	Read(in *gofuse.ReadIn, dst *bufvec.Vec) (int, syscall.Errno)
 	// Write writes the in.Size bytes of src at in.Offset (one pwritev from
-	// guest memory) and returns the byte count.
+	// guest memory) and returns the byte count. src holds exactly in.Size
+	// bytes after its cursor, at most max_write.
 	Write(in *gofuse.WriteIn, src *bufvec.Vec) (int, syscall.Errno)
 	Flush(in *gofuse.FlushIn) syscall.Errno
 	Release(in *gofuse.ReleaseIn)
@@ -73,13 +78,16 @@ type FileSystem interface {
 
 	OpenDir(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno
 	// ReadDir lists directory in.NodeId from offset in.Offset. For each
-	// entry it calls emit with the entry's name, inode number, type (the
-	// S_IFMT bits of its mode) and the offset of the next entry. emit
-	// returns false when the reply is full: the entry was not added and
-	// ReadDir must stop. For READDIRPLUS (plus), emit returns a non-nil
-	// EntryOut that the file system fills in as for LOOKUP (taking a
-	// lookup reference) before the next call to emit or its return; an
-	// entry it cannot look up gets NodeId 0 and no reference.
+	// entry it calls emit with the entry's name (copied by emit), inode
+	// number, type (the S_IFMT bits of its mode; a DT_* value is accepted
+	// too) and the offset of the next entry. emit returns false when the
+	// reply is full: the entry was not added and ReadDir must stop. For
+	// READDIRPLUS (plus), emit returns a non-nil EntryOut that the file
+	// system fills in as for LOOKUP (taking a lookup reference) before the
+	// next call to emit or its return; an entry it cannot look up gets
+	// NodeId 0 and no reference. Entries emitted before an error are still
+	// delivered; a reference whose entry could not be written into the
+	// reply is dropped with Forget(NodeId, 1) after ReadDir returns.
 	ReadDir(in *gofuse.ReadIn, plus bool, emit func(name []byte, ino uint64, typ uint32, off uint64) (*gofuse.EntryOut, bool)) syscall.Errno
 	ReleaseDir(in *gofuse.ReleaseIn)
 	FsyncDir(in *gofuse.FsyncIn) syscall.Errno

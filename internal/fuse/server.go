@@ -1,21 +1,26 @@
 // Package fuse decodes the FUSE requests a virtio-fs guest places in a
-// request's readable buffers and encodes the replies into its writable
-// buffers. It sees requests only as bufvec cursors, so it knows nothing of
-// rings or vhost-user.
+// request's readable buffers, calls the FileSystem, and encodes the replies
+// into the request's writable buffers. It sees requests only as bufvec
+// cursors, so it knows nothing of rings or vhost-user.
 //
-// This first version decodes and validates the request header of every
-// request and answers ENOSYS (FORGET and BATCH_FORGET get no reply, as the
-// protocol says); the file system operations arrive with the passthrough
-// layer.
+// Every length the guest states is checked against what the chain really
+// holds; names must be NUL-terminated within the request. Errors are
+// answered with an errno, never a panic. Each ring has its own Queue with
+// preallocated scratch space, so READ, WRITE and GETATTR allocate nothing and
+// no lock is shared by the queues on the request path.
 package fuse
 
 import (
 	"context"
 	"encoding/binary"
 	"log/slog"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
+	"unsafe"
 
-	"golang.org/x/sys/unix"
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
 )
@@ -26,102 +31,322 @@ const (
 	OutHeaderSize = 16
 )
 
-// InHeader is struct fuse_in_header.
-type InHeader struct {
-	Len         uint32
-	Opcode      uint32
-	Unique      uint64
-	NodeID      uint64
-	UID         uint32
-	GID         uint32
-	PID         uint32
-	TotalExtlen uint16
+// Protocol versions.
+const (
+	KernelVersion = 7
+	// KernelMinor is the newest minor version the server speaks; it
+	// answers min(client, KernelMinor).
+	KernelMinor = 38
+	// MinKernelMinor is the oldest client minor version accepted.
+	MinKernelMinor = 27
+)
+
+// Defaults for ServerOptions.
+const (
+	DefaultMaxWrite            = 1 << 20
+	DefaultMaxPages            = 256
+	DefaultMaxBackground       = 0xffff
+	DefaultCongestionThreshold = 0xffff / 4 * 3
+)
+
+// ServerOptions tune the INIT reply. Zero fields take the defaults.
+type ServerOptions struct {
+	// MaxWrite is the largest WRITE accepted (default 1 MiB).
+	MaxWrite uint32
+	// MaxPages is the request size in pages offered with FUSE_MAX_PAGES
+	// (default 256; the guest clamps it to its queue size).
+	MaxPages uint16
+	// MaxBackground and CongestionThreshold bound the guest's
+	// background requests (defaults as the Rust virtiofsd).
+	MaxBackground       uint16
+	CongestionThreshold uint16
 }
 
-func (h *InHeader) decode(b *[InHeaderSize]byte) {
-	h.Len = binary.LittleEndian.Uint32(b[0:])
-	h.Opcode = binary.LittleEndian.Uint32(b[4:])
-	h.Unique = binary.LittleEndian.Uint64(b[8:])
-	h.NodeID = binary.LittleEndian.Uint64(b[16:])
-	h.UID = binary.LittleEndian.Uint32(b[24:])
-	h.GID = binary.LittleEndian.Uint32(b[28:])
-	h.PID = binary.LittleEndian.Uint32(b[32:])
-	h.TotalExtlen = binary.LittleEndian.Uint16(b[36:])
+func (o *ServerOptions) defaults() {
+	if o.MaxWrite == 0 {
+		o.MaxWrite = DefaultMaxWrite
+	}
+	if o.MaxPages == 0 {
+		o.MaxPages = DefaultMaxPages
+	}
+	if o.MaxBackground == 0 {
+		o.MaxBackground = DefaultMaxBackground
+	}
+	if o.CongestionThreshold == 0 {
+		o.CongestionThreshold = DefaultCongestionThreshold
+	}
 }
 
-// Server serves FUSE requests.
+// session is what INIT negotiated. It is replaced, never modified, so the
+// queues read it with one atomic load.
+type session struct {
+	minor uint32
+	caps  uint64 // gofuse.CAP_* bits, flags | flags2<<32
+}
+
+// Server serves FUSE requests for one virtio-fs device.
 type Server struct {
+	fs    FileSystem
+	opts  ServerOptions
 	log   *slog.Logger
 	debug bool
+
+	// sess is nil before INIT and after DESTROY.
+	sess atomic.Pointer[session]
+	// mu serialises INIT and DESTROY (never taken on other requests).
+	mu sync.Mutex
 }
 
-// NewServer returns a server logging to log.
-func NewServer(log *slog.Logger) *Server {
-	return &Server{log: log, debug: log.Enabled(context.Background(), slog.LevelDebug)}
+// NewServer returns a server that calls fs and logs to log.
+func NewServer(fs FileSystem, opts ServerOptions, log *slog.Logger) *Server {
+	opts.defaults()
+	return &Server{fs: fs, opts: opts, log: log, debug: log.Enabled(context.Background(), slog.LevelDebug)}
 }
 
 // Queue is the per-ring request handler; it owns the ring's scratch space.
+// Its Serve must not be called concurrently.
 type Queue struct {
 	s     *Server
 	index int
-	hdr   [InHeaderSize]byte
-	out   [OutHeaderSize]byte
+
+	h      gofuse.InHeader
+	rbuf   [replyBufSize]byte // out header + small reply payload
+	direct bool               // the reply payload was written straight into out
+	a      args               // decoded request arguments
+	o      outs               // reply structs the file system fills in
+	names  []byte             // copies of names (and SETXATTR values)
+	dbuf   []byte             // GETXATTR/LISTXATTR/READLINK replies not contiguous in out
+	rd     dirEncoder
+	forget [16]byte
+	warned uint64 // rate limit for warnings
+}
+
+// replyBufSize holds the largest fixed-size reply (fuse_statx_out, 288 B).
+const replyBufSize = 512
+
+type args struct {
+	init     gofuse.InitIn
+	forget   gofuse.ForgetIn
+	getattr  gofuse.GetAttrIn
+	setattr  gofuse.SetAttrIn
+	mknod    gofuse.MknodIn
+	mkdir    gofuse.MkdirIn
+	rename   gofuse.RenameIn
+	link     gofuse.LinkIn
+	open     gofuse.OpenIn
+	create   gofuse.CreateIn
+	read     gofuse.ReadIn
+	write    gofuse.WriteIn
+	release  gofuse.ReleaseIn
+	fsync    gofuse.FsyncIn
+	flush    gofuse.FlushIn
+	setxattr gofuse.SetXAttrIn
+	getxattr gofuse.GetXAttrIn
+	lk       gofuse.LkIn
+	access   gofuse.AccessIn
+	falloc   gofuse.FallocateIn
+	lseek    gofuse.LseekIn
+	copy     gofuse.CopyFileRangeIn
+	statx    gofuse.StatxIn
+}
+
+type outs struct {
+	entry  gofuse.EntryOut
+	attr   gofuse.AttrOut
+	open   gofuse.OpenOut
+	create gofuse.CreateOut
+	statfs gofuse.StatfsOut
+	lk     gofuse.LkOut
+	lseek  gofuse.LseekOut
+	statx  gofuse.StatxOut
+	init   gofuse.InitOut
 }
 
 // Queue returns the handler for ring index.
-func (s *Server) Queue(index int) *Queue { return &Queue{s: s, index: index} }
+func (s *Server) Queue(index int) *Queue {
+	q := &Queue{s: s, index: index, names: make([]byte, 0, initialNameBuf)}
+	q.rd.init(q)
+	return q
+}
 
-// Serve handles one request and returns the number of reply bytes written.
+// noReply marks requests that are answered with nothing.
+const noReply = syscall.Errno(^uintptr(0))
+
+// Serve handles one request and returns the number of reply bytes written
+// into out (0 for requests that get no reply or cannot be answered).
 func (q *Queue) Serve(in, out *bufvec.Vec) uint32 {
 	var start time.Time
 	if q.s.debug {
 		start = time.Now()
 	}
-	if err := in.ReadFull(q.hdr[:]); err != nil {
-		q.s.log.Warn("request without a complete fuse_in_header", "queue", q.index, "readable", in.Size(), "err", err)
+	hb := unsafe.Slice((*byte)(unsafe.Pointer(&q.h)), InHeaderSize)
+	if err := in.ReadFull(hb); err != nil {
+		if q.rateLimit() {
+			q.s.log.Warn("request without a complete fuse_in_header", "queue", q.index, "readable", in.Size(), "err", err)
+		}
 		return 0
 	}
-	var h InHeader
-	h.decode(&q.hdr)
-	errno := q.dispatch(&h, in, out)
-	var n uint32
+	q.direct = false
+	n, errno := q.dispatch(in, out)
+	var written uint32
 	if errno != noReply {
-		n = q.reply(&h, out, errno)
+		written = q.reply(out, n, errno)
 	}
 	if q.s.debug {
-		q.s.log.Debug("fuse request", "queue", q.index, "unique", h.Unique, "opcode", OpName(h.Opcode),
-			"nodeid", h.NodeID, "len", h.Len, "error", -int32(errno), "latency", time.Since(start))
-	}
-	return n
-}
-
-// noReply marks requests that are answered with nothing.
-const noReply = unix.Errno(^uintptr(0))
-
-func (q *Queue) dispatch(h *InHeader, in, out *bufvec.Vec) unix.Errno {
-	if int(h.Len) != in.Size() {
-		// The header's length must describe exactly what the chain holds.
-		if h.Opcode == OpForget || h.Opcode == OpBatchForget {
-			return noReply
+		e := -int32(errno)
+		if errno == noReply {
+			e = 0
 		}
-		return unix.EINVAL
+		q.s.log.Debug("fuse request", "queue", q.index, "unique", q.h.Unique, "opcode", OpName(q.h.Opcode),
+			"nodeid", q.h.NodeId, "len", q.h.Length, "error", e, "latency", time.Since(start))
 	}
-	switch h.Opcode {
-	case OpForget, OpBatchForget:
-		return noReply
-	}
-	return unix.ENOSYS
+	return written
 }
 
-// reply writes an error-only reply (fuse_out_header) and returns its size,
-// or 0 when the writable part cannot hold it.
-func (q *Queue) reply(h *InHeader, out *bufvec.Vec, errno unix.Errno) uint32 {
-	binary.LittleEndian.PutUint32(q.out[0:], OutHeaderSize)
-	binary.LittleEndian.PutUint32(q.out[4:], uint32(-int32(errno)))
-	binary.LittleEndian.PutUint64(q.out[8:], h.Unique)
-	if err := out.WriteFull(q.out[:]); err != nil {
-		q.s.log.Warn("no room for the reply header", "queue", q.index, "unique", h.Unique, "writable", out.Size())
+// reply writes the out header and, on success, the payload of n bytes
+// (already in out when q.direct, else in q.rbuf after the header). It
+// returns the reply's size, or 0 when the writable part cannot hold it.
+func (q *Queue) reply(out *bufvec.Vec, n int, errno syscall.Errno) uint32 {
+	if errno != 0 {
+		n = 0
+	}
+	total := OutHeaderSize + n
+	binary.LittleEndian.PutUint32(q.rbuf[0:], uint32(total))
+	binary.LittleEndian.PutUint32(q.rbuf[4:], uint32(-int32(errno)))
+	binary.LittleEndian.PutUint64(q.rbuf[8:], q.h.Unique)
+	var err error
+	if q.direct && errno == 0 {
+		err = out.WriteAt(q.rbuf[:OutHeaderSize], 0)
+	} else if err = out.Seek(0); err == nil {
+		err = out.WriteFull(q.rbuf[:total])
+	}
+	if err != nil {
+		if q.rateLimit() {
+			q.s.log.Warn("no room for the reply", "queue", q.index, "unique", q.h.Unique,
+				"opcode", OpName(q.h.Opcode), "reply", total, "writable", out.Size(), "err", err)
+		}
 		return 0
 	}
-	return OutHeaderSize
+	return uint32(total)
+}
+
+// rateLimit reports whether to log the next warning: the 1st, 2nd, 4th,
+// 8th... so a hostile guest cannot flood the log.
+func (q *Queue) rateLimit() bool {
+	q.warned++
+	return q.warned&(q.warned-1) == 0
+}
+
+// noReplyOp reports whether op is answered with nothing.
+func noReplyOp(op uint32) bool {
+	switch op {
+	case OpForget, OpBatchForget, OpInterrupt, OpNotifyReply:
+		return true
+	}
+	return false
+}
+
+func (q *Queue) dispatch(in, out *bufvec.Vec) (int, syscall.Errno) {
+	h := &q.h
+	if int(h.Length) != in.Size() || h.TotalExtlen != 0 {
+		// The header's length must describe exactly what the chain
+		// holds. Extensions follow only SECURITY_CTX and
+		// CREATE_SUPP_GROUP, which are never negotiated.
+		if noReplyOp(h.Opcode) {
+			return 0, noReply
+		}
+		return 0, syscall.EINVAL
+	}
+	if out.Size() < OutHeaderSize && !noReplyOp(h.Opcode) {
+		if q.rateLimit() {
+			q.s.log.Warn("request without room for a reply", "queue", q.index, "unique", h.Unique,
+				"opcode", OpName(h.Opcode), "writable", out.Size())
+		}
+		return 0, noReply
+	}
+	if h.Opcode == OpInit {
+		return q.doInit(in, out)
+	}
+	sess := q.s.sess.Load()
+	if sess == nil {
+		if noReplyOp(h.Opcode) {
+			return 0, noReply
+		}
+		return 0, syscall.EIO
+	}
+	switch h.Opcode {
+	case OpRead:
+		return q.doRead(in, out)
+	case OpWrite:
+		return q.doWrite(in, out)
+	case OpGetattr:
+		return q.doGetattr(in, out)
+	case OpLookup:
+		return q.doLookup(in, out)
+	case OpForget:
+		return q.doForget(in)
+	case OpBatchForget:
+		return q.doBatchForget(in)
+	case OpSetattr:
+		return q.doSetattr(in, out)
+	case OpReadlink:
+		return q.doReadlink(out)
+	case OpSymlink:
+		return q.doSymlink(in, out)
+	case OpMknod:
+		return q.doMknod(in, out)
+	case OpMkdir:
+		return q.doMkdir(in, out)
+	case OpUnlink, OpRmdir:
+		return q.doUnlink(in)
+	case OpRename, OpRename2:
+		return q.doRename(in)
+	case OpLink:
+		return q.doLink(in, out)
+	case OpOpen, OpOpendir:
+		return q.doOpen(in, out)
+	case OpCreate, OpTmpfile:
+		return q.doCreate(in, out)
+	case OpFlush:
+		return q.doFlush(in)
+	case OpRelease, OpReleasedir:
+		return q.doRelease(in)
+	case OpFsync, OpFsyncdir:
+		return q.doFsync(in)
+	case OpReaddir, OpReaddirplus:
+		return q.doReaddir(in, out)
+	case OpStatfs:
+		return q.doStatfs(out)
+	case OpAccess:
+		return q.doAccess(in)
+	case OpSetxattr:
+		return q.doSetxattr(in, sess)
+	case OpGetxattr, OpListxattr:
+		return q.doGetxattr(in, out)
+	case OpRemovexattr:
+		return q.doRemovexattr(in)
+	case OpFallocate:
+		return q.doFallocate(in)
+	case OpLseek:
+		return q.doLseek(in, out)
+	case OpCopyFileRange:
+		return q.doCopyFileRange(in, out)
+	case OpSyncfs:
+		return q.doSyncfs(in)
+	case OpStatx:
+		return q.doStatx(in, out)
+	case OpGetlk:
+		return q.doGetlk(in, out)
+	case OpSetlk, OpSetlkw:
+		return q.doSetlk(in)
+	case OpDestroy:
+		return q.doDestroy()
+	case OpInterrupt, OpNotifyReply:
+		// The guest never waits for an INTERRUPT answer and we send
+		// no notifications to be replied to.
+		return 0, noReply
+	}
+	// IOCTL, BMAP, POLL, SETUPMAPPING, REMOVEMAPPING and unknown
+	// opcodes.
+	return 0, syscall.ENOSYS
 }

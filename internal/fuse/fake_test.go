@@ -1,0 +1,315 @@
+package fuse
+
+import (
+	"sync"
+	"syscall"
+
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
+)
+
+// fsCall records one call the server made into fakeFS.
+type fsCall struct {
+	Op    string
+	In    any      // the decoded argument struct (a copy) or InHeader
+	Names []string // names and values, in the order of the method's parameters
+	Args  []uint64 // other scalar arguments
+}
+
+// fakeFS records every call and answers with canned values.
+type fakeFS struct {
+	mu    sync.Mutex
+	calls []fsCall
+
+	caps     uint64
+	errno    syscall.Errno // returned by every method that returns one
+	entry    gofuse.EntryOut
+	attr     gofuse.AttrOut
+	open     gofuse.OpenOut
+	statfs   gofuse.StatfsOut
+	statx    gofuse.StatxOut
+	lk       gofuse.LkOut
+	lseek    gofuse.LseekOut
+	link     []byte
+	data     []byte // READ returns data[in.Offset:]
+	written  []byte // what WRITE received
+	xattr    []byte
+	xlist    []byte
+	copied   uint32
+	dirents  []fakeDirent
+	readN    int // when > 0, READ claims this many bytes (to test bad counts)
+	dirErrAt int // when > 0, ReadDir returns errno after this many entries
+}
+
+type fakeDirent struct {
+	name string
+	ino  uint64
+	typ  uint32
+}
+
+func newFakeFS() *fakeFS {
+	return &fakeFS{
+		caps: gofuse.CAP_SETXATTR_EXT | gofuse.CAP_READDIRPLUS | gofuse.CAP_WRITEBACK_CACHE,
+		entry: gofuse.EntryOut{NodeId: 42, Generation: 7, EntryValid: 1, AttrValid: 2, EntryValidNsec: 3, AttrValidNsec: 4,
+			Attr: gofuse.Attr{Ino: 42, Size: 1234, Blocks: 8, Atime: 5, Mtime: 6, Ctime: 7, Mode: syscall.S_IFREG | 0644,
+				Nlink: 1, Owner: gofuse.Owner{Uid: 1000, Gid: 100}, Blksize: 4096}},
+		attr: gofuse.AttrOut{AttrValid: 1, AttrValidNsec: 9,
+			Attr: gofuse.Attr{Ino: 1, Size: 4096, Mode: syscall.S_IFDIR | 0755, Nlink: 2}},
+		open:   gofuse.OpenOut{Fh: 0x1122334455667788, OpenFlags: gofuse.FOPEN_KEEP_CACHE},
+		statfs: gofuse.StatfsOut{Blocks: 100, Bfree: 50, Bavail: 40, Files: 10, Ffree: 5, Bsize: 4096, NameLen: 255, Frsize: 4096},
+		statx:  gofuse.StatxOut{AttrValid: 1, Statx: gofuse.Statx{Mask: 0x7ff, Blksize: 4096, Nlink: 1, Mode: 0100600, Ino: 77, Size: 99}},
+		lk:     gofuse.LkOut{Lk: gofuse.FileLock{Start: 1, End: 2, Typ: syscall.F_WRLCK, Pid: 33}},
+		lseek:  gofuse.LseekOut{Offset: 8192},
+		link:   []byte("target/of/link"),
+		data:   []byte("0123456789abcdefghijklmnopqrstuvwxyz"),
+		xattr:  []byte("value"),
+		xlist:  []byte("user.a\x00user.b\x00"),
+		copied: 4096,
+	}
+}
+
+func (f *fakeFS) record(op string, in any, names []string, args ...uint64) {
+	f.mu.Lock()
+	f.calls = append(f.calls, fsCall{Op: op, In: in, Names: names, Args: args})
+	f.mu.Unlock()
+}
+
+func (f *fakeFS) lastCalls() []fsCall {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]fsCall(nil), f.calls...)
+}
+
+func strs(b ...[]byte) []string {
+	s := make([]string, len(b))
+	for i := range b {
+		s[i] = string(b[i])
+	}
+	return s
+}
+
+func (f *fakeFS) Capabilities() uint64 { return f.caps }
+func (f *fakeFS) Init(caps uint64)     { f.record("Init", nil, nil, caps) }
+func (f *fakeFS) Destroy()             { f.record("Destroy", nil, nil) }
+
+func (f *fakeFS) Lookup(h *gofuse.InHeader, name []byte, out *gofuse.EntryOut) syscall.Errno {
+	f.record("Lookup", *h, strs(name))
+	*out = f.entry
+	return f.errno
+}
+func (f *fakeFS) Forget(nodeID, nlookup uint64) { f.record("Forget", nil, nil, nodeID, nlookup) }
+func (f *fakeFS) GetAttr(in *gofuse.GetAttrIn, out *gofuse.AttrOut) syscall.Errno {
+	f.record("GetAttr", *in, nil)
+	*out = f.attr
+	return f.errno
+}
+func (f *fakeFS) SetAttr(in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
+	f.record("SetAttr", *in, nil)
+	*out = f.attr
+	return f.errno
+}
+func (f *fakeFS) Readlink(h *gofuse.InHeader, buf []byte) (int, syscall.Errno) {
+	f.record("Readlink", *h, nil, uint64(len(buf)))
+	return copy(buf, f.link), f.errno
+}
+func (f *fakeFS) Symlink(h *gofuse.InHeader, target, name []byte, out *gofuse.EntryOut) syscall.Errno {
+	f.record("Symlink", *h, strs(target, name))
+	*out = f.entry
+	return f.errno
+}
+func (f *fakeFS) Mknod(in *gofuse.MknodIn, name []byte, out *gofuse.EntryOut) syscall.Errno {
+	f.record("Mknod", *in, strs(name))
+	*out = f.entry
+	return f.errno
+}
+func (f *fakeFS) Mkdir(in *gofuse.MkdirIn, name []byte, out *gofuse.EntryOut) syscall.Errno {
+	f.record("Mkdir", *in, strs(name))
+	*out = f.entry
+	return f.errno
+}
+func (f *fakeFS) Unlink(h *gofuse.InHeader, name []byte) syscall.Errno {
+	f.record("Unlink", *h, strs(name))
+	return f.errno
+}
+func (f *fakeFS) Rmdir(h *gofuse.InHeader, name []byte) syscall.Errno {
+	f.record("Rmdir", *h, strs(name))
+	return f.errno
+}
+func (f *fakeFS) Rename(h *gofuse.InHeader, newDir uint64, flags uint32, oldName, newName []byte) syscall.Errno {
+	f.record("Rename", *h, strs(oldName, newName), newDir, uint64(flags))
+	return f.errno
+}
+func (f *fakeFS) Link(in *gofuse.LinkIn, name []byte, out *gofuse.EntryOut) syscall.Errno {
+	f.record("Link", *in, strs(name))
+	*out = f.entry
+	return f.errno
+}
+func (f *fakeFS) Open(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno {
+	f.record("Open", *in, nil)
+	*out = f.open
+	return f.errno
+}
+func (f *fakeFS) Create(in *gofuse.CreateIn, name []byte, out *gofuse.CreateOut) syscall.Errno {
+	f.record("Create", *in, strs(name))
+	out.EntryOut, out.OpenOut = f.entry, f.open
+	return f.errno
+}
+func (f *fakeFS) Tmpfile(in *gofuse.CreateIn, out *gofuse.CreateOut) syscall.Errno {
+	f.record("Tmpfile", *in, nil)
+	out.EntryOut, out.OpenOut = f.entry, f.open
+	return f.errno
+}
+func (f *fakeFS) Read(in *gofuse.ReadIn, dst *bufvec.Vec) (int, syscall.Errno) {
+	f.record("Read", *in, nil)
+	if f.errno != 0 {
+		return 0, f.errno
+	}
+	if f.readN > 0 {
+		return f.readN, 0
+	}
+	var b []byte
+	if in.Offset < uint64(len(f.data)) {
+		b = f.data[in.Offset:]
+	}
+	b = b[:min(len(b), int(in.Size))]
+	if err := dst.WriteFull(b); err != nil {
+		return 0, syscall.EFAULT
+	}
+	return len(b), 0
+}
+func (f *fakeFS) Write(in *gofuse.WriteIn, src *bufvec.Vec) (int, syscall.Errno) {
+	f.record("Write", *in, nil)
+	if f.errno != 0 {
+		return 0, f.errno
+	}
+	f.written = make([]byte, in.Size)
+	if err := src.ReadFull(f.written); err != nil {
+		return 0, syscall.EFAULT
+	}
+	return int(in.Size), 0
+}
+func (f *fakeFS) Flush(in *gofuse.FlushIn) syscall.Errno {
+	f.record("Flush", *in, nil)
+	return f.errno
+}
+func (f *fakeFS) Release(in *gofuse.ReleaseIn) { f.record("Release", *in, nil) }
+func (f *fakeFS) Fsync(in *gofuse.FsyncIn) syscall.Errno {
+	f.record("Fsync", *in, nil)
+	return f.errno
+}
+func (f *fakeFS) Fallocate(in *gofuse.FallocateIn) syscall.Errno {
+	f.record("Fallocate", *in, nil)
+	return f.errno
+}
+func (f *fakeFS) Lseek(in *gofuse.LseekIn, out *gofuse.LseekOut) syscall.Errno {
+	f.record("Lseek", *in, nil)
+	*out = f.lseek
+	return f.errno
+}
+func (f *fakeFS) CopyFileRange(in *gofuse.CopyFileRangeIn) (uint32, syscall.Errno) {
+	f.record("CopyFileRange", *in, nil)
+	return f.copied, f.errno
+}
+func (f *fakeFS) OpenDir(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno {
+	f.record("OpenDir", *in, nil)
+	*out = f.open
+	return f.errno
+}
+func (f *fakeFS) ReadDir(in *gofuse.ReadIn, plus bool, emit func(name []byte, ino uint64, typ uint32, off uint64) (*gofuse.EntryOut, bool)) syscall.Errno {
+	var p uint64
+	if plus {
+		p = 1
+	}
+	f.record("ReadDir", *in, nil, p)
+	for i := int(min(in.Offset, uint64(len(f.dirents)))); i < len(f.dirents); i++ {
+		if f.dirErrAt > 0 && i >= f.dirErrAt {
+			return f.errno
+		}
+		d := f.dirents[i]
+		e, ok := emit([]byte(d.name), d.ino, d.typ, uint64(i+1))
+		if !ok {
+			break
+		}
+		if plus {
+			if e == nil {
+				panic("plus emit returned no EntryOut")
+			}
+			e.NodeId = d.ino + 1000
+			e.Ino = d.ino
+			e.Mode = d.typ | 0644
+			f.record("ReadDirLookup", nil, nil, d.ino+1000)
+		}
+	}
+	if f.dirErrAt > 0 {
+		return 0
+	}
+	return f.errno
+}
+func (f *fakeFS) ReleaseDir(in *gofuse.ReleaseIn) { f.record("ReleaseDir", *in, nil) }
+func (f *fakeFS) FsyncDir(in *gofuse.FsyncIn) syscall.Errno {
+	f.record("FsyncDir", *in, nil)
+	return f.errno
+}
+func (f *fakeFS) StatFs(h *gofuse.InHeader, out *gofuse.StatfsOut) syscall.Errno {
+	f.record("StatFs", *h, nil)
+	*out = f.statfs
+	return f.errno
+}
+func (f *fakeFS) Access(in *gofuse.AccessIn) syscall.Errno {
+	f.record("Access", *in, nil)
+	return f.errno
+}
+func (f *fakeFS) SyncFs(h *gofuse.InHeader) syscall.Errno {
+	f.record("SyncFs", *h, nil)
+	return f.errno
+}
+func (f *fakeFS) Statx(in *gofuse.StatxIn, out *gofuse.StatxOut) syscall.Errno {
+	f.record("Statx", *in, nil)
+	*out = f.statx
+	return f.errno
+}
+func (f *fakeFS) SetXAttr(in *gofuse.SetXAttrIn, name, value []byte) syscall.Errno {
+	f.record("SetXAttr", *in, strs(name, value))
+	return f.errno
+}
+func (f *fakeFS) GetXAttr(h *gofuse.InHeader, name []byte, dst []byte) (int, syscall.Errno) {
+	f.record("GetXAttr", *h, strs(name), uint64(len(dst)))
+	return xattrCopy(dst, f.xattr, f.errno)
+}
+func (f *fakeFS) ListXAttr(h *gofuse.InHeader, dst []byte) (int, syscall.Errno) {
+	f.record("ListXAttr", *h, nil, uint64(len(dst)))
+	return xattrCopy(dst, f.xlist, f.errno)
+}
+
+func xattrCopy(dst, v []byte, errno syscall.Errno) (int, syscall.Errno) {
+	if errno != 0 {
+		return 0, errno
+	}
+	if len(dst) == 0 {
+		return len(v), 0
+	}
+	if len(dst) < len(v) {
+		return 0, syscall.ERANGE
+	}
+	return copy(dst, v), 0
+}
+func (f *fakeFS) RemoveXAttr(h *gofuse.InHeader, name []byte) syscall.Errno {
+	f.record("RemoveXAttr", *h, strs(name))
+	return f.errno
+}
+func (f *fakeFS) GetLk(in *gofuse.LkIn, out *gofuse.LkOut) syscall.Errno {
+	f.record("GetLk", *in, nil)
+	*out = f.lk
+	return f.errno
+}
+func (f *fakeFS) SetLk(in *gofuse.LkIn, wait bool) syscall.Errno {
+	var w uint64
+	if wait {
+		w = 1
+	}
+	f.record("SetLk", *in, nil, w)
+	return f.errno
+}
+
+var _ FileSystem = (*fakeFS)(nil)

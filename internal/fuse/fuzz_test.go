@@ -1,0 +1,42 @@
+package fuse
+
+import (
+	"encoding/binary"
+	"testing"
+)
+
+// FuzzServe feeds arbitrary readable bytes, cut into fuzz-chosen segment
+// sizes, and an arbitrary writable size through the server with a fake file
+// system, in a session INIT started (or not): it must never panic, never
+// write past the writable space, and a non-zero reply length must fit the
+// writable space and equal out.len (checked by serve). With fixLen the
+// header's length is set to the request's, so that the fuzzer reaches the
+// argument decoders more often.
+func FuzzServe(f *testing.F) {
+	f.Add(initReq(2, 7, 38, kernelInitFlags, kernelInitFlags2, 64), uint16(80), uint8(40), uint8(0), false, false)
+	f.Add(header(OpForget, 0, 48), uint16(0), uint8(0), uint8(0), true, false)
+	f.Add([]byte{1, 2, 3}, uint16(16), uint8(1), uint8(1), true, true)
+	for i, tc := range opCases() {
+		req := mkreq(tc.op, uint64(i), tc.args, tc.names, tc.raw)
+		f.Add(req, uint16(4096), uint8(i%9), uint8(i%5), true, true)
+	}
+	f.Fuzz(func(t *testing.T, req []byte, outSize uint16, inK, outK uint8, session, fixLen bool) {
+		if fixLen && len(req) >= 4 {
+			binary.LittleEndian.PutUint32(req, uint32(len(req)))
+		}
+		fs := newFakeFS()
+		fs.dirents = testDirents
+		var q *Queue
+		if session {
+			_, q = newSession(t, fs)
+		} else {
+			q = NewServer(fs, ServerOptions{}, debugLogger()).Queue(1)
+		}
+		serve(t, q, req, int(inK), int(outSize), int(outK))
+		// The queue stays usable after whatever came before.
+		r := serve(t, q, mkreq(OpStatfs, 99, nil, nil, nil), 0, 16+statfsOutSize, 0)
+		if len(r) != 16 && len(r) != 16+statfsOutSize {
+			t.Fatalf("STATFS after the fuzzed request: % x", r)
+		}
+	})
+}

@@ -1,0 +1,117 @@
+package fuse
+
+import (
+	"syscall"
+	"unsafe"
+
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
+)
+
+// serverCaps are the capabilities the server asks for whenever the guest
+// offers them, whatever the file system wants: they concern the protocol,
+// not the file system's semantics.
+const serverCaps = gofuse.CAP_ASYNC_READ | gofuse.CAP_BIG_WRITES | gofuse.CAP_MAX_PAGES |
+	gofuse.CAP_PARALLEL_DIROPS | gofuse.CAP_ASYNC_DIO | gofuse.CAP_INIT_EXT
+
+// allowedCaps are the capabilities of protocol 7.38 the server can handle at
+// all. Left out: the splice bits (meaningless here), IOCTL_DIR (IOCTL is
+// ENOSYS), MAP_ALIGNMENT and HAS_INODE_DAX (no DAX window), bit 31
+// (reserved), and SECURITY_CTX and CREATE_SUPP_GROUP, which make the guest
+// append extensions (total_extlen) that the server does not parse.
+const allowedCaps = flagsBits&^deniedCaps | gofuse.CAP_HAS_EXPIRE_ONLY | gofuse.CAP_DIRECT_IO_ALLOW_MMAP
+
+const (
+	flagsBits  = uint64(1)<<31 - 1
+	deniedCaps = gofuse.CAP_SPLICE_WRITE | gofuse.CAP_SPLICE_MOVE | gofuse.CAP_SPLICE_READ |
+		gofuse.CAP_IOCTL_DIR | gofuse.CAP_MAP_ALIGNMENT
+)
+
+func (q *Queue) doInit(in, out *bufvec.Vec) (int, syscall.Errno) {
+	a := &q.a.init
+	// fuse_init_in is 16 bytes before 7.36 and 64 from then on.
+	n := in.Len()
+	if n < initInOldSize {
+		return 0, syscall.EINVAL
+	}
+	if errno := q.readArgs(in, unsafe.Pointer(a), uintptr(min(n, initInSize)), unsafe.Sizeof(*a)); errno != 0 {
+		return 0, errno
+	}
+	if !room(out, initOutSize) {
+		return 0, syscall.EINVAL
+	}
+	o := &q.o.init
+	*o = gofuse.InitOut{}
+	switch {
+	case a.Major > KernelVersion:
+		// The guest sends INIT again with our major version.
+		o.Major, o.Minor = KernelVersion, KernelMinor
+		return q.put(unsafe.Pointer(o), initOutSize), 0
+	case a.Major < KernelVersion || a.Minor < MinKernelMinor:
+		if q.rateLimit() {
+			q.s.log.Warn("unsupported FUSE protocol version", "queue", q.index,
+				"major", a.Major, "minor", a.Minor, "need", "7.27")
+		}
+		return 0, syscall.EPROTO
+	}
+	offered := uint64(a.Flags)
+	if a.Flags&gofuse.CAP_INIT_EXT != 0 {
+		offered |= uint64(a.Flags2) << 32
+	}
+	caps := offered & (q.s.fs.Capabilities() | serverCaps) & allowedCaps
+	minor := min(a.Minor, KernelMinor)
+
+	o.Major = KernelVersion
+	o.Minor = minor
+	o.MaxReadAhead = a.MaxReadAhead
+	o.Flags = uint32(caps)
+	o.Flags2 = uint32(caps >> 32) // non-zero only with INIT_EXT
+	o.MaxBackground = q.s.opts.MaxBackground
+	o.CongestionThreshold = q.s.opts.CongestionThreshold
+	o.MaxWrite = q.s.opts.MaxWrite
+	o.TimeGran = 1
+	if caps&gofuse.CAP_MAX_PAGES != 0 {
+		o.MaxPages = q.s.opts.MaxPages
+	}
+
+	// A second INIT (guest reboot or driver reset) or INIT after
+	// DESTROY starts a new session: the file system drops the old one.
+	s := q.s
+	s.mu.Lock()
+	s.sess.Store(nil)
+	s.fs.Init(caps)
+	s.sess.Store(&session{minor: minor, caps: caps})
+	s.mu.Unlock()
+	s.log.Info("FUSE session started", "queue", q.index, "client", versionString(a.Major, a.Minor),
+		"negotiated", versionString(KernelVersion, minor), "flags", caps, "max_write", o.MaxWrite,
+		"max_readahead", o.MaxReadAhead)
+	return q.put(unsafe.Pointer(o), initOutSize), 0
+}
+
+func (q *Queue) doDestroy() (int, syscall.Errno) {
+	s := q.s
+	s.mu.Lock()
+	s.sess.Store(nil)
+	s.fs.Destroy()
+	s.mu.Unlock()
+	s.log.Info("FUSE session ended", "queue", q.index)
+	return 0, 0
+}
+
+func versionString(major, minor uint32) string {
+	return uitoa(major) + "." + uitoa(minor)
+}
+
+func uitoa(v uint32) string {
+	var b [10]byte
+	i := len(b)
+	for {
+		i--
+		b[i] = byte('0' + v%10)
+		v /= 10
+		if v == 0 {
+			return string(b[i:])
+		}
+	}
+}
