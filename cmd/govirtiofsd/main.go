@@ -11,12 +11,15 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/govirtiofsd/govirtiofsd/internal/fuse"
+	"github.com/govirtiofsd/govirtiofsd/internal/passthrough"
 	"github.com/govirtiofsd/govirtiofsd/internal/vhostuser"
 )
 
@@ -31,7 +34,7 @@ func main() {
 }
 
 func newCommand() *cobra.Command {
-	o := &Options{FD: -1, Queues: vhostuser.MaxRings - 1, LogLevel: "info"}
+	o := &Options{FD: -1, Queues: vhostuser.MaxRings - 1, LogLevel: "info", Cache: "auto", InodeFileHandles: "never"}
 	cmd := &cobra.Command{
 		Use:           "govirtiofsd --socket-path PATH --shared-dir DIR",
 		Short:         "virtio-fs daemon: share a host directory with a virtual machine",
@@ -82,7 +85,11 @@ func run(o *Options) error {
 	}
 	defer ln.Close()
 
-	fs := fuse.NewServer(log)
+	fsys, err := newFileSystem(o, log)
+	if err != nil {
+		return err
+	}
+	fs := fuse.NewServer(fsys, fuse.ServerOptions{}, log)
 	backend, err := vhostuser.NewBackend(vhostuser.Config{
 		RequestQueues: o.Queues,
 		Tag:           o.Tag,
@@ -167,4 +174,68 @@ func newLogger(level string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("unknown log level %q", level)
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+// newFileSystem builds the passthrough file system from the options and
+// prepares the process for it: supplementary groups dropped
+// (CVE-2022-0358) and RLIMIT_NOFILE raised.
+func newFileSystem(o *Options, log *slog.Logger) (*passthrough.FS, error) {
+	cache, err := passthrough.ParseCacheMode(o.Cache)
+	if err != nil {
+		return nil, err
+	}
+	handles, err := passthrough.ParseFileHandleMode(o.InodeFileHandles)
+	if err != nil {
+		return nil, err
+	}
+	popts := passthrough.Options{
+		Cache:             cache,
+		Writeback:         o.Writeback,
+		Xattr:             o.Xattr || o.PosixACL,
+		XattrMap:          o.XattrMap,
+		PosixACL:          o.PosixACL,
+		SecurityLabel:     o.SecurityLabel,
+		AnnounceSubmounts: o.AnnounceSubmounts,
+		NoReaddirplus:     o.NoReaddirplus,
+		AllowDirectIO:     o.AllowDirectIO,
+		KillprivV2:        o.KillprivV2,
+		InodeFileHandles:  handles,
+		PosixLocks:        o.PosixLock,
+		Flock:             o.Flock,
+		ReadOnly:          o.ReadOnly,
+		PreserveNoatime:   o.PreserveNoatime,
+	}
+	if o.Timeout != "" {
+		secs, err := strconv.ParseFloat(o.Timeout, 64)
+		if err != nil || secs < 0 {
+			return nil, fmt.Errorf("-o timeout=%s: want seconds", o.Timeout)
+		}
+		popts.Timeout, popts.TimeoutSet = time.Duration(secs*float64(time.Second)), true
+	}
+	if err := passthrough.DropSupplementaryGroups(); err != nil {
+		return nil, err
+	}
+	limit := uint64(o.RlimitNofile)
+	if o.RlimitNofile <= 0 {
+		limit = defaultNofile()
+	}
+	got, err := passthrough.RaiseNofileLimit(limit)
+	if err != nil {
+		log.Warn("cannot raise RLIMIT_NOFILE", "want", limit, "have", got, "err", err)
+	}
+	return passthrough.New(o.SharedDir, popts)
+}
+
+// defaultNofile is min(1,000,000, fs.nr_open), as the Rust daemon uses.
+func defaultNofile() uint64 {
+	const want = 1_000_000
+	b, err := os.ReadFile("/proc/sys/fs/nr_open")
+	if err != nil {
+		return want
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return want
+	}
+	return min(n, want)
 }

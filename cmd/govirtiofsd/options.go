@@ -24,6 +24,25 @@ type Options struct {
 	PrintCapabilities bool
 	Version           bool
 	Foreground        bool
+
+	// File system (internal/passthrough).
+	Cache             string
+	Timeout           string
+	Writeback         bool
+	Xattr             bool
+	XattrMap          string
+	PosixACL          bool
+	SecurityLabel     bool
+	AnnounceSubmounts bool
+	NoReaddirplus     bool
+	AllowDirectIO     bool
+	KillprivV2        bool
+	InodeFileHandles  string
+	PosixLock         bool
+	Flock             bool
+	ReadOnly          bool
+	PreserveNoatime   bool
+	RlimitNofile      int
 }
 
 // optKind says how an option's value is parsed.
@@ -91,6 +110,46 @@ var optionTable = []option{
 		set: setBool(func(o *Options) *bool { return &o.PrintCapabilities })},
 	{long: "version", short: "V", kind: optBool, usage: "print the version and exit",
 		set: setBool(func(o *Options) *bool { return &o.Version })},
+	{long: "cache", oKey: "cache", kind: optString, usage: "cache mode: never, metadata, auto or always (-o cache=none|auto|always)",
+		set: setString(func(o *Options) *string { return &o.Cache })},
+	{oKey: "timeout", kind: optString, usage: "entry and attribute timeout in seconds (C daemon)",
+		set: setString(func(o *Options) *string { return &o.Timeout })},
+	{long: "writeback", oKey: "writeback", kind: optBool, usage: "enable the guest's writeback cache",
+		set: setBool(func(o *Options) *bool { return &o.Writeback })},
+	{long: "xattr", oKey: "xattr", kind: optBool, usage: "enable extended attributes",
+		set: setBool(func(o *Options) *bool { return &o.Xattr })},
+	{long: "xattrmap", oKey: "xattrmap", kind: optString, usage: "xattr name mapping rules (the C daemon's syntax)",
+		set: setString(func(o *Options) *string { return &o.XattrMap })},
+	{long: "posix-acl", oKey: "posix_acl", kind: optBool, usage: "enable POSIX ACLs (implies --xattr)",
+		set: setBool(func(o *Options) *bool { return &o.PosixACL })},
+	{long: "security-label", oKey: "security_label", kind: optBool, usage: "accept security labels",
+		set: setBool(func(o *Options) *bool { return &o.SecurityLabel })},
+	{long: "announce-submounts", oKey: "announce_submounts", kind: optBool, usage: "tell the guest about host submounts (distinct st_dev)",
+		set: setBool(func(o *Options) *bool { return &o.AnnounceSubmounts })},
+	{long: "no-readdirplus", kind: optBool, usage: "do not use READDIRPLUS",
+		set: setBool(func(o *Options) *bool { return &o.NoReaddirplus })},
+	{oKey: "readdirplus", kind: optBool, usage: "use READDIRPLUS (-o no_readdirplus disables)",
+		set: func(o *Options, v string) error {
+			b, err := strconv.ParseBool(v)
+			o.NoReaddirplus = !b
+			return err
+		}},
+	{long: "allow-direct-io", oKey: "allow_direct_io", kind: optBool, usage: "honour the guest's O_DIRECT on host files",
+		set: setBool(func(o *Options) *bool { return &o.AllowDirectIO })},
+	{long: "killpriv-v2", oKey: "killpriv_v2", kind: optBool, usage: "enable FUSE_HANDLE_KILLPRIV_V2",
+		set: setBool(func(o *Options) *bool { return &o.KillprivV2 })},
+	{long: "inode-file-handles", kind: optString, usage: "never, prefer or mandatory",
+		set: setString(func(o *Options) *string { return &o.InodeFileHandles })},
+	{oKey: "posix_lock", kind: optBool, usage: "enable POSIX locks",
+		set: setBool(func(o *Options) *bool { return &o.PosixLock })},
+	{oKey: "flock", kind: optBool, usage: "enable flock locks",
+		set: setBool(func(o *Options) *bool { return &o.Flock })},
+	{long: "readonly", kind: optBool, usage: "share read-only",
+		set: setBool(func(o *Options) *bool { return &o.ReadOnly })},
+	{long: "preserve-noatime", kind: optBool, usage: "keep the guest's O_NOATIME",
+		set: setBool(func(o *Options) *bool { return &o.PreserveNoatime })},
+	{long: "rlimit-nofile", kind: optInt, usage: "RLIMIT_NOFILE to set (default min(1000000, fs.nr_open))",
+		set: setInt(func(o *Options) *int { return &o.RlimitNofile })},
 	{short: "f", kind: optBool, usage: "stay in the foreground (always the case)",
 		set: setBool(func(o *Options) *bool { return &o.Foreground })},
 }

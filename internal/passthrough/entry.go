@@ -1,0 +1,410 @@
+package passthrough
+
+import (
+	"bytes"
+	"syscall"
+
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// Name checks. Every name from the guest goes through one of these,
+// whatever the sandbox.
+
+// checkName accepts one path component other than "." and "..".
+func checkName(name []byte) syscall.Errno {
+	if errno := checkLookupName(name); errno != 0 {
+		return errno
+	}
+	if isDotOrDotDot(name) {
+		return syscall.EINVAL
+	}
+	return 0
+}
+
+// checkLookupName accepts one path component, "." and ".." included.
+func checkLookupName(name []byte) syscall.Errno {
+	if len(name) == 0 {
+		return syscall.EINVAL
+	}
+	if len(name) > nameMax {
+		return syscall.ENAMETOOLONG
+	}
+	if bytes.IndexByte(name, '/') >= 0 || bytes.IndexByte(name, 0) >= 0 {
+		return syscall.EINVAL
+	}
+	return 0
+}
+
+func isDotOrDotDot(name []byte) bool {
+	return name[0] == '.' && (len(name) == 1 || (len(name) == 2 && name[1] == '.'))
+}
+
+const statxMask = unix.STATX_BASIC_STATS | unix.STATX_MNT_ID
+
+func statxFD(fd int, st *unix.Statx_t) syscall.Errno {
+	return sysStatx(fd, &emptyPath[0], unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW, statxMask, st)
+}
+
+// openChild opens one component below dir as O_PATH without following a
+// trailing symlink. name must have passed checkLookupName and must not be "..".
+func (f *FS) openChild(dirfd int, name *byte) (int, syscall.Errno) {
+	if f.openat2.Load() {
+		how := unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveFlags}
+		for range 8 {
+			fd, e := sysOpenat2(dirfd, name, &how)
+			if e == unix.EAGAIN {
+				continue
+			}
+			if e == 0 {
+				f.inodeFDs.Add(1)
+			}
+			return fd, e
+		}
+		return -1, syscall.EAGAIN
+	}
+	fd, e := sysOpenat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if e == 0 {
+		f.inodeFDs.Add(1)
+	}
+	return fd, e
+}
+
+// lookupName resolves name in dir, adds a guest lookup and fills out.
+func (f *FS) lookupName(dir iref, name []byte, out *gofuse.EntryOut) syscall.Errno {
+	if !dir.isDir() {
+		return syscall.ENOTDIR
+	}
+	var fd int
+	var errno syscall.Errno
+	switch {
+	case len(name) == 2 && name[0] == '.' && name[1] == '.':
+		fd, errno = f.openParent(dir)
+	default:
+		var cn cname
+		fd, errno = f.openChild(dir.fd, cn.set(name))
+	}
+	if errno != 0 {
+		return errno
+	}
+	return f.internFD(fd, dir.key.mntID, out)
+}
+
+// internFD stats an O_PATH fd, interns it (taking ownership of fd) and fills
+// out with one new lookup reference.
+func (f *FS) internFD(fd int, parentMnt uint64, out *gofuse.EntryOut) syscall.Errno {
+	var st unix.Statx_t
+	if errno := statxFD(fd, &st); errno != 0 {
+		sysClose(fd)
+		f.inodeFDs.Add(-1)
+		return errno
+	}
+	i, errno := f.intern(fd, &st)
+	if errno != 0 {
+		return errno
+	}
+	f.fillEntry(out, i, &st, parentMnt)
+	return 0
+}
+
+// openParent opens dir's parent, never above the shared root: ".." of the
+// root is the root, and a parent that is not the root or below it (the
+// directory was moved out of the share on the host) is refused.
+func (f *FS) openParent(dir iref) (int, syscall.Errno) {
+	if dir.inode == f.root || dir.key.sameObject(f.root.key) {
+		return f.dupRoot()
+	}
+	fd, e := sysOpenat(dir.fd, &dotdotPath[0], unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if e != 0 {
+		return -1, e
+	}
+	f.inodeFDs.Add(1)
+	if errno := f.checkBelowRoot(fd); errno != 0 {
+		sysClose(fd)
+		f.inodeFDs.Add(-1)
+		return -1, errno
+	}
+	return fd, 0
+}
+
+func (f *FS) dupRoot() (int, syscall.Errno) {
+	fd, err := unix.FcntlInt(uintptr(f.root.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, toErrno(err)
+	}
+	f.inodeFDs.Add(1)
+	return fd, 0
+}
+
+// checkBelowRoot walks up from the directory fd to the root: ok if the root
+// is reached, EACCES if the host's / is reached first.
+func (f *FS) checkBelowRoot(fd int) syscall.Errno {
+	cur := fd
+	defer func() {
+		if cur != fd {
+			sysClose(cur)
+		}
+	}()
+	var st unix.Statx_t
+	for range 4096 {
+		if e := statxFD(cur, &st); e != 0 {
+			return e
+		}
+		k := keyOf(&st)
+		if k.sameObject(f.root.key) {
+			return 0
+		}
+		up, e := sysOpenat(cur, &dotdotPath[0], unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if e != 0 {
+			return e
+		}
+		var ust unix.Statx_t
+		if e := statxFD(up, &ust); e != 0 {
+			sysClose(up)
+			return e
+		}
+		if keyOf(&ust) == k {
+			sysClose(up) // reached the host's root
+			return syscall.EACCES
+		}
+		if cur != fd {
+			sysClose(cur)
+		}
+		cur = up
+	}
+	return syscall.ELOOP
+}
+
+// Lookup resolves name in directory h.NodeId.
+func (f *FS) Lookup(h *gofuse.InHeader, name []byte, out *gofuse.EntryOut) syscall.Errno {
+	if errno := checkLookupName(name); errno != 0 {
+		return errno
+	}
+	dir, errno := f.getInode(h.NodeId)
+	if errno != 0 {
+		return errno
+	}
+	defer dir.put()
+	return f.lookupName(dir, name, out)
+}
+
+// Forget drops nlookup guest references to nodeID.
+func (f *FS) Forget(nodeID, nlookup uint64) {
+	if nodeID == rootID {
+		return
+	}
+	i := f.nodes.get(nodeID)
+	if i == nil {
+		return
+	}
+	f.forget(i, nlookup)
+}
+
+// GetAttr returns the attributes of in.NodeId (of handle in.Fh() when
+// FUSE_GETATTR_FH is set).
+func (f *FS) GetAttr(in *gofuse.GetAttrIn, out *gofuse.AttrOut) syscall.Errno {
+	i, errno := f.getInode(in.NodeId)
+	if errno != 0 {
+		return errno
+	}
+	defer i.put()
+	var st syscall.Stat_t
+	if in.Flags()&gofuse.FUSE_GETATTR_FH != 0 {
+		h := f.handles.get(in.Fh())
+		if h != nil && h.ino == i.inode && h.tryRef() {
+			errno = sysFstat(h.fd, &st)
+			h.put()
+		} else {
+			errno = sysFstat(i.fd, &st)
+		}
+	} else {
+		errno = sysFstat(i.fd, &st)
+	}
+	if errno != 0 {
+		return errno
+	}
+	f.fillAttrOut(out, &st)
+	return 0
+}
+
+// procName returns the /proc/self/fd name of fd.
+func procName(b *fdName, fd int) *byte { return b.set(fd) }
+
+// reopen opens the object behind an inode's O_PATH fd for I/O through
+// /proc/self/fd. Only regular files and directories are ever opened.
+func (f *FS) reopen(i iref, flags int) (int, syscall.Errno) {
+	if !i.isReg() && !i.isDir() {
+		return -1, syscall.EBADF
+	}
+	var b fdName
+	fd, e := sysOpenat(f.procSelfFD, procName(&b, i.fd), (flags&^unix.O_NOFOLLOW)|unix.O_CLOEXEC, 0)
+	return fd, e
+}
+
+// killPriv clears set-user-ID, and set-group-ID if the group may execute,
+// on a regular file: what the kernel does on write/truncate by a caller
+// without CAP_FSETID, which the daemon (holding CAP_FSETID) must do itself
+// when the guest's flags ask for it. fd may be an open fd or an O_PATH fd.
+func (f *FS) killPriv(fd int, opath bool) syscall.Errno {
+	var st syscall.Stat_t
+	if e := sysFstat(fd, &st); e != 0 {
+		return e
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return 0
+	}
+	mode := st.Mode & 0o7777
+	nm := mode &^ unix.S_ISUID
+	if mode&(unix.S_ISGID|unix.S_IXGRP) == unix.S_ISGID|unix.S_IXGRP {
+		nm &^= unix.S_ISGID
+	}
+	if nm == mode {
+		return 0
+	}
+	var e syscall.Errno
+	if opath {
+		var b fdName
+		e = sysFchmodat(f.procSelfFD, procName(&b, fd), nm)
+	} else {
+		e = sysFchmod(fd, nm)
+	}
+	if e == syscall.EPERM {
+		// The daemon does not own the file and lacks CAP_FOWNER; then
+		// it lacks CAP_FSETID too and the kernel clears the bits itself.
+		return 0
+	}
+	return e
+}
+
+// SetAttr changes attributes: mode, owner, size, times (ctime is ignored,
+// as in the C daemon), with kill-priv when FATTR_KILL_SUIDGID is set.
+func (f *FS) SetAttr(in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
+	i, errno := f.getInode(in.NodeId)
+	if errno != 0 {
+		return errno
+	}
+	defer i.put()
+	valid := in.Valid
+	const changes = gofuse.FATTR_MODE | gofuse.FATTR_UID | gofuse.FATTR_GID | gofuse.FATTR_SIZE |
+		gofuse.FATTR_ATIME | gofuse.FATTR_MTIME | gofuse.FATTR_ATIME_NOW | gofuse.FATTR_MTIME_NOW
+	if f.opts.ReadOnly && valid&changes != 0 {
+		return syscall.EROFS
+	}
+	hfd := -1
+	if valid&gofuse.FATTR_FH != 0 {
+		h := f.handles.get(in.Fh)
+		if h == nil || h.ino != i.inode || !h.tryRef() {
+			return syscall.EBADF
+		}
+		defer h.put()
+		hfd = h.fd
+	}
+
+	if valid&gofuse.FATTR_KILL_SUIDGID != 0 && valid&gofuse.FATTR_MODE == 0 && i.isReg() {
+		if hfd >= 0 {
+			errno = f.killPriv(hfd, false)
+		} else {
+			errno = f.killPriv(i.fd, true)
+		}
+		if errno != 0 {
+			return errno
+		}
+	}
+	if valid&gofuse.FATTR_MODE != 0 {
+		mode := in.Mode & 0o7777
+		switch {
+		case hfd >= 0:
+			errno = sysFchmod(hfd, mode)
+		case i.isSymlink():
+			errno = syscall.EOPNOTSUPP // Linux cannot chmod a symlink
+		default:
+			var b fdName
+			errno = sysFchmodat(f.procSelfFD, procName(&b, i.fd), mode)
+		}
+		if errno != 0 {
+			return errno
+		}
+	}
+	if valid&(gofuse.FATTR_UID|gofuse.FATTR_GID) != 0 {
+		uid, gid := -1, -1
+		if valid&gofuse.FATTR_UID != 0 {
+			uid = int(in.Uid)
+		}
+		if valid&gofuse.FATTR_GID != 0 {
+			gid = int(in.Gid)
+		}
+		if errno = sysFchownat(i.fd, &emptyPath[0], uid, gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); errno != 0 {
+			return errno
+		}
+	}
+	if valid&gofuse.FATTR_SIZE != 0 {
+		size := int64(in.Size)
+		if size < 0 {
+			return syscall.EINVAL
+		}
+		if hfd >= 0 {
+			errno = sysFtruncate(hfd, size)
+		} else {
+			if i.isDir() {
+				return syscall.EISDIR
+			}
+			if !i.isReg() {
+				return syscall.EINVAL
+			}
+			fd, e := f.reopen(i, unix.O_WRONLY)
+			if e != 0 {
+				return e
+			}
+			errno = sysFtruncate(fd, size)
+			sysClose(fd)
+		}
+		if errno != 0 {
+			return errno
+		}
+	}
+	if valid&(gofuse.FATTR_ATIME|gofuse.FATTR_MTIME) != 0 {
+		var ts [2]unix.Timespec
+		ts[0] = unix.Timespec{Nsec: unix.UTIME_OMIT}
+		ts[1] = unix.Timespec{Nsec: unix.UTIME_OMIT}
+		if valid&gofuse.FATTR_ATIME != 0 {
+			if valid&gofuse.FATTR_ATIME_NOW != 0 {
+				ts[0].Nsec = unix.UTIME_NOW
+			} else {
+				ts[0] = unix.Timespec{Sec: int64(in.Atime), Nsec: int64(in.Atimensec)}
+			}
+		}
+		if valid&gofuse.FATTR_MTIME != 0 {
+			if valid&gofuse.FATTR_MTIME_NOW != 0 {
+				ts[1].Nsec = unix.UTIME_NOW
+			} else {
+				ts[1] = unix.Timespec{Sec: int64(in.Mtime), Nsec: int64(in.Mtimensec)}
+			}
+		}
+		switch {
+		case hfd >= 0:
+			errno = sysUtimensat(hfd, nil, &ts, 0)
+		case i.isSymlink():
+			errno = sysUtimensat(i.fd, &emptyPath[0], &ts, unix.AT_EMPTY_PATH)
+			if errno == syscall.EINVAL {
+				errno = syscall.EPERM // no race-free way on this kernel
+			}
+		default:
+			var b fdName
+			errno = sysUtimensat(f.procSelfFD, procName(&b, i.fd), &ts, 0)
+		}
+		if errno != 0 {
+			return errno
+		}
+	}
+	var st syscall.Stat_t
+	if hfd >= 0 {
+		errno = sysFstat(hfd, &st)
+	} else {
+		errno = sysFstat(i.fd, &st)
+	}
+	if errno != 0 {
+		return errno
+	}
+	f.fillAttrOut(out, &st)
+	return 0
+}

@@ -1,0 +1,384 @@
+package passthrough
+
+import (
+	"errors"
+	"syscall"
+
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
+)
+
+// hostOpenFlags turns the guest's open flags into the flags for the host
+// open, as the C daemon's update_open_flags does:
+//   - flags that would change what is opened or how (O_CREAT, O_EXCL,
+//     O_NOCTTY, O_NOFOLLOW — the reopen goes through a /proc magic link —,
+//     O_PATH, O_TMPFILE, O_DIRECTORY handled by the caller) are dropped;
+//   - with the writeback cache the guest kernel may read through a
+//     write-only open and handles O_APPEND itself: O_WRONLY becomes O_RDWR
+//     and O_APPEND is dropped;
+//   - O_DIRECT is kept only with allow_direct_io;
+//   - O_NOATIME is kept only with preserve_noatime (it fails with EPERM
+//     for files the daemon does not own without CAP_FOWNER).
+func (f *FS) hostOpenFlags(guest uint32) int {
+	fl := int(guest)
+	fl &^= unix.O_CREAT | unix.O_EXCL | unix.O_NOCTTY | unix.O_NOFOLLOW | unix.O_PATH |
+		unix.O_TMPFILE | unix.O_DIRECTORY | unix.O_CLOEXEC | unix.O_ASYNC
+	if f.writeback.Load() {
+		if fl&unix.O_ACCMODE == unix.O_WRONLY {
+			fl = fl&^unix.O_ACCMODE | unix.O_RDWR
+		}
+		fl &^= unix.O_APPEND
+	}
+	if !f.opts.AllowDirectIO {
+		fl &^= unix.O_DIRECT
+	}
+	if !f.opts.PreserveNoatime {
+		fl &^= unix.O_NOATIME
+	}
+	return fl | unix.O_CLOEXEC
+}
+
+func writes(fl int) bool {
+	return fl&unix.O_ACCMODE != unix.O_RDONLY || fl&unix.O_TRUNC != 0
+}
+
+// Open opens in.NodeId, which must be a regular file (or a directory):
+// FIFOs, sockets and device nodes are never opened (CVE-2020-35517).
+func (f *FS) Open(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno {
+	i, errno := f.getInode(in.NodeId)
+	if errno != 0 {
+		return errno
+	}
+	fl := f.hostOpenFlags(in.Flags)
+	if f.opts.ReadOnly && writes(fl) {
+		i.put()
+		return syscall.EROFS
+	}
+	if i.isDir() {
+		fl |= unix.O_DIRECTORY
+	}
+	fd, errno := f.reopen(i, fl)
+	if errno != 0 {
+		i.put()
+		return errno
+	}
+	if fl&unix.O_TRUNC != 0 && in.Mode&gofuse.OPEN_KILL_SUIDGID != 0 {
+		if errno = f.killPriv(fd, false); errno != 0 {
+			sysClose(fd)
+			i.put()
+			return errno
+		}
+	}
+	i.closePath()
+	h, errno := f.newHandle(i.inode, fd, handleFile, fl)
+	if errno != 0 {
+		return errno
+	}
+	*out = gofuse.OpenOut{Fh: h.id, OpenFlags: f.fileOpenFlags()}
+	return 0
+}
+
+// Create creates and opens name in in.NodeId with O_CREAT|O_EXCL as the
+// caller; an existing file is opened instead (as an OPEN would) unless the
+// guest asked for O_EXCL.
+func (f *FS) Create(in *gofuse.CreateIn, name []byte, out *gofuse.CreateOut) syscall.Errno {
+	if errno := checkName(name); errno != 0 {
+		return errno
+	}
+	if f.opts.ReadOnly {
+		return syscall.EROFS
+	}
+	dir, errno := f.getDir(in.NodeId)
+	if errno != 0 {
+		return errno
+	}
+	defer dir.put()
+	fl := f.hostOpenFlags(in.Flags)
+	var cn cname
+	p := cn.set(name)
+	fd := -1
+	errno = f.asCaller(in.Uid, in.Gid, f.umaskFor(in.Umask), func() syscall.Errno {
+		var e syscall.Errno
+		fd, e = sysOpenat(dir.fd, p, fl|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, in.Mode&0o7777)
+		return e
+	})
+	if errno == syscall.EEXIST && in.Flags&unix.O_EXCL == 0 {
+		return f.createOpenExisting(dir, name, fl, in.OpenFlags, out)
+	}
+	if errno != 0 {
+		return errno
+	}
+	return f.finishCreate(fd, fl, dir.key.mntID, out)
+}
+
+// createOpenExisting handles CREATE of a name that exists: look it up, then
+// open it like OPEN (regular files only).
+func (f *FS) createOpenExisting(dir iref, name []byte, fl int, openFlags uint32, out *gofuse.CreateOut) syscall.Errno {
+	if errno := f.lookupName(dir, name, &out.EntryOut); errno != 0 {
+		return errno
+	}
+	i, errno := f.getInode(out.NodeId)
+	if errno != 0 {
+		return errno
+	}
+	fd := -1
+	switch {
+	case i.isDir():
+		errno = syscall.EISDIR
+	case i.isSymlink():
+		errno = syscall.ELOOP
+	default:
+		fd, errno = f.reopen(i, fl)
+	}
+	if errno == 0 && fl&unix.O_TRUNC != 0 && openFlags&gofuse.OPEN_KILL_SUIDGID != 0 {
+		if errno = f.killPriv(fd, false); errno != 0 {
+			sysClose(fd)
+		}
+	}
+	if errno != 0 {
+		i.put()
+		f.forget(i.inode, 1) // the lookup taken above
+		return errno
+	}
+	i.closePath()
+	h, errno := f.newHandle(i.inode, fd, handleFile, fl)
+	if errno != 0 {
+		f.forget(i.inode, 1)
+		return errno
+	}
+	if fl&unix.O_TRUNC != 0 {
+		// The entry's attributes were read before the truncation.
+		var st unix.Statx_t
+		if statxFD(fd, &st) == 0 {
+			attrFromStatx(&out.Attr, &st)
+		}
+	}
+	out.OpenOut = gofuse.OpenOut{Fh: h.id, OpenFlags: f.fileOpenFlags()}
+	return 0
+}
+
+// finishCreate turns a freshly created open fd into an inode (through an
+// O_PATH reopen of the very same file, so a concurrent rename cannot swap
+// in another object) plus a handle.
+func (f *FS) finishCreate(fd int, fl int, parentMnt uint64, out *gofuse.CreateOut) syscall.Errno {
+	var b fdName
+	pfd, errno := sysOpenat(f.procSelfFD, procName(&b, fd), unix.O_PATH|unix.O_CLOEXEC, 0)
+	if errno != 0 {
+		sysClose(fd)
+		return errno
+	}
+	f.inodeFDs.Add(1)
+	if errno = f.internFD(pfd, parentMnt, &out.EntryOut); errno != 0 {
+		sysClose(fd)
+		return errno
+	}
+	i := f.nodes.get(out.NodeId)
+	if i == nil || !i.tryRef() {
+		sysClose(fd)
+		return syscall.ENOENT
+	}
+	h, errno := f.newHandle(i, fd, handleFile, fl)
+	if errno != 0 {
+		f.forget(i, 1)
+		return errno
+	}
+	out.OpenOut = gofuse.OpenOut{Fh: h.id, OpenFlags: f.fileOpenFlags()}
+	return 0
+}
+
+// Tmpfile creates an unnamed regular file (O_TMPFILE) in in.NodeId.
+func (f *FS) Tmpfile(in *gofuse.CreateIn, out *gofuse.CreateOut) syscall.Errno {
+	if f.opts.ReadOnly {
+		return syscall.EROFS
+	}
+	dir, errno := f.getDir(in.NodeId)
+	if errno != 0 {
+		return errno
+	}
+	defer dir.put()
+	fl := f.hostOpenFlags(in.Flags) &^ unix.O_TRUNC
+	if fl&unix.O_ACCMODE == unix.O_RDONLY {
+		fl |= unix.O_RDWR // O_TMPFILE needs write access
+	}
+	fl |= int(in.Flags) & unix.O_EXCL // with O_TMPFILE: never linkable
+	fd := -1
+	errno = f.asCaller(in.Uid, in.Gid, f.umaskFor(in.Umask), func() syscall.Errno {
+		var e syscall.Errno
+		fd, e = sysOpenat(dir.fd, &dotPath[0], fl|unix.O_TMPFILE, in.Mode&0o7777)
+		return e
+	})
+	if errno != 0 {
+		return errno
+	}
+	return f.finishCreate(fd, fl, dir.key.mntID, out)
+}
+
+func (f *FS) fileHandle(fh, node uint64) (*handle, syscall.Errno) {
+	h, errno := f.getHandle(fh, handleFile)
+	if errno != 0 {
+		return nil, errno
+	}
+	if h.ino.id != node {
+		h.put()
+		return nil, syscall.EBADF
+	}
+	return h, 0
+}
+
+func ioErrno(err error) syscall.Errno {
+	switch {
+	case err == nil:
+		return 0
+	case err == bufvec.ErrUnmapped:
+		return syscall.EFAULT
+	case err == bufvec.ErrShort:
+		return syscall.EINVAL
+	}
+	if e, ok := err.(syscall.Errno); ok {
+		return e
+	}
+	if errors.Is(err, bufvec.ErrUnmapped) {
+		return syscall.EFAULT
+	}
+	return syscall.EIO
+}
+
+// Read reads up to in.Size bytes at in.Offset into dst with one preadv.
+func (f *FS) Read(in *gofuse.ReadIn, dst *bufvec.Vec) (int, syscall.Errno) {
+	h, errno := f.fileHandle(in.Fh, in.NodeId)
+	if errno != 0 {
+		return 0, errno
+	}
+	n, err := dst.ReadFrom(h.fd, int64(in.Offset), min(int(in.Size), dst.Len()))
+	h.put()
+	if err != nil && n == 0 {
+		return 0, ioErrno(err)
+	}
+	return n, 0
+}
+
+// Write writes in.Size bytes of src at in.Offset with one pwritev. With
+// FUSE_WRITE_KILL_SUIDGID the file's set-user-ID bit (and set-group-ID if
+// group-executable) is cleared first, as the kernel does before a write by a
+// caller without CAP_FSETID.
+func (f *FS) Write(in *gofuse.WriteIn, src *bufvec.Vec) (int, syscall.Errno) {
+	if f.opts.ReadOnly {
+		return 0, syscall.EROFS
+	}
+	if int(in.Size) > src.Len() {
+		return 0, syscall.EINVAL
+	}
+	h, errno := f.fileHandle(in.Fh, in.NodeId)
+	if errno != 0 {
+		return 0, errno
+	}
+	if in.WriteFlags&gofuse.WRITE_KILL_SUIDGID != 0 {
+		if errno = f.killPriv(h.fd, false); errno != 0 {
+			h.put()
+			return 0, errno
+		}
+	}
+	n, err := src.WriteTo(h.fd, int64(in.Offset), int(in.Size))
+	h.put()
+	if err != nil && n == 0 {
+		return 0, ioErrno(err)
+	}
+	return n, 0
+}
+
+// Flush is called on every close of a guest fd: drop the lock owner's
+// POSIX locks and close a dup of the fd (which reports deferred write
+// errors on file systems such as NFS), as the C daemon does.
+func (f *FS) Flush(in *gofuse.FlushIn) syscall.Errno {
+	h, errno := f.fileHandle(in.Fh, in.NodeId)
+	if errno != 0 {
+		return errno
+	}
+	defer h.put()
+	f.dropLockOwner(h.ino, in.LockOwner)
+	fd, err := unix.Dup(h.fd)
+	if err != nil {
+		return toErrno(err)
+	}
+	return toErrno(unix.Close(fd))
+}
+
+// Release closes a file handle.
+func (f *FS) Release(in *gofuse.ReleaseIn) {
+	f.release(in.Fh, handleFile)
+}
+
+// Fsync syncs a file handle (fdatasync with FUSE_FSYNC_FDATASYNC).
+func (f *FS) Fsync(in *gofuse.FsyncIn) syscall.Errno {
+	h, errno := f.fileHandle(in.Fh, in.NodeId)
+	if errno != 0 {
+		return errno
+	}
+	defer h.put()
+	return fsyncFD(h.fd, in.FsyncFlags)
+}
+
+// Fallocate allocates or punches space.
+func (f *FS) Fallocate(in *gofuse.FallocateIn) syscall.Errno {
+	if f.opts.ReadOnly {
+		return syscall.EROFS
+	}
+	h, errno := f.fileHandle(in.Fh, in.NodeId)
+	if errno != 0 {
+		return errno
+	}
+	defer h.put()
+	if int64(in.Offset) < 0 || int64(in.Length) <= 0 {
+		return syscall.EINVAL
+	}
+	return toErrno(unix.Fallocate(h.fd, in.Mode, int64(in.Offset), int64(in.Length)))
+}
+
+// Lseek finds data or holes (SEEK_DATA/SEEK_HOLE).
+func (f *FS) Lseek(in *gofuse.LseekIn, out *gofuse.LseekOut) syscall.Errno {
+	h, errno := f.fileHandle(in.Fh, in.NodeId)
+	if errno != 0 {
+		return errno
+	}
+	defer h.put()
+	switch in.Whence {
+	case unix.SEEK_SET, unix.SEEK_CUR, unix.SEEK_END, unix.SEEK_DATA, unix.SEEK_HOLE:
+	default:
+		return syscall.EINVAL
+	}
+	off, e := sysLseek(h.fd, int64(in.Offset), int(in.Whence))
+	if e != 0 {
+		return e
+	}
+	out.Offset = uint64(off)
+	return 0
+}
+
+// CopyFileRange copies between two file handles with copy_file_range.
+func (f *FS) CopyFileRange(in *gofuse.CopyFileRangeIn) (uint32, syscall.Errno) {
+	if f.opts.ReadOnly {
+		return 0, syscall.EROFS
+	}
+	hin, errno := f.fileHandle(in.FhIn, in.NodeId)
+	if errno != 0 {
+		return 0, errno
+	}
+	defer hin.put()
+	hout, errno := f.fileHandle(in.FhOut, in.NodeIdOut)
+	if errno != 0 {
+		return 0, errno
+	}
+	defer hout.put()
+	offIn, offOut := int64(in.OffIn), int64(in.OffOut)
+	if offIn < 0 || offOut < 0 {
+		return 0, syscall.EINVAL
+	}
+	n := min(in.Len, 1<<30) // the reply carries a 32-bit size
+	got, err := unix.CopyFileRange(hin.fd, &offIn, hout.fd, &offOut, int(n), int(in.Flags))
+	if err != nil {
+		return 0, toErrno(err)
+	}
+	return uint32(got), 0
+}

@@ -1,0 +1,494 @@
+// Package passthrough is the host side of govirtiofsd: a FUSE file system
+// that mirrors one host directory tree to the guest.
+//
+// It owns everything that touches the host file system on the guest's
+// behalf: the inode table (host objects keyed by device, inode number and
+// mount id, held open as O_PATH fds and refcounted by the guest's lookup
+// count), the handle table of open files and directories, the validation of
+// every name and id the guest sends, the credentials used to create objects,
+// kill-priv handling, cache-mode timeouts and open flags, and locks.
+//
+// The rules, from DESIGN §4 and the C and Rust daemons' CVEs:
+//   - no host path strings: every object is reached from its parent's fd
+//     with one *at call per validated component (O_NOFOLLOW, openat2
+//     RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS|RESOLVE_NO_SYMLINKS), and O_PATH
+//     fds are reopened through an fd of /proc/self/fd taken at start;
+//   - only regular files and directories are ever opened (CVE-2020-35517);
+//   - objects are created with the guest caller's fsuid/fsgid on a
+//     dedicated thread, with supplementary groups dropped (CVE-2022-0358);
+//     every other operation runs with the daemon's credentials;
+//   - guest-controlled ids are generation-checked table indexes, never
+//     pointers; an unknown id is EBADF, never a crash.
+//
+// FS satisfies internal/fuse.FileSystem structurally; this package does
+// not import internal/fuse.
+package passthrough
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// CacheMode is the guest's caching policy.
+type CacheMode int
+
+const (
+	// CacheAuto: entries and attributes valid for 1 s, page cache kept
+	// until the attributes show a change.
+	CacheAuto CacheMode = iota
+	// CacheNever: nothing cached (timeouts 0, FOPEN_DIRECT_IO).
+	CacheNever
+	// CacheMetadata: entries and attributes cached for a day, file data
+	// not cached (FOPEN_DIRECT_IO), as the Rust daemon does.
+	CacheMetadata
+	// CacheAlways: everything cached for a day (FOPEN_KEEP_CACHE,
+	// FOPEN_CACHE_DIR).
+	CacheAlways
+)
+
+// ParseCacheMode accepts the Rust daemon's names and the C daemon's
+// ("none" is never, "normal" is auto).
+func ParseCacheMode(s string) (CacheMode, error) {
+	switch s {
+	case "auto", "normal":
+		return CacheAuto, nil
+	case "never", "none":
+		return CacheNever, nil
+	case "metadata":
+		return CacheMetadata, nil
+	case "always":
+		return CacheAlways, nil
+	}
+	return 0, fmt.Errorf("unknown cache mode %q (never|metadata|auto|always)", s)
+}
+
+func (c CacheMode) String() string {
+	switch c {
+	case CacheNever:
+		return "never"
+	case CacheMetadata:
+		return "metadata"
+	case CacheAlways:
+		return "always"
+	}
+	return "auto"
+}
+
+// FileHandleMode is the Rust daemon's --inode-file-handles.
+type FileHandleMode int
+
+const (
+	FileHandlesNever FileHandleMode = iota
+	// FileHandlesPrefer holds inodes as file handles where the file
+	// system supports them and as O_PATH fds elsewhere (or everywhere
+	// when open_by_handle_at is not permitted).
+	FileHandlesPrefer
+	// FileHandlesMandatory refuses to start without file handles, and
+	// fails lookups of objects that have none.
+	FileHandlesMandatory
+)
+
+// ParseFileHandleMode parses never|prefer|mandatory.
+func ParseFileHandleMode(s string) (FileHandleMode, error) {
+	switch s {
+	case "never", "":
+		return FileHandlesNever, nil
+	case "prefer":
+		return FileHandlesPrefer, nil
+	case "mandatory":
+		return FileHandlesMandatory, nil
+	}
+	return 0, fmt.Errorf("unknown inode file handle mode %q (never|prefer|mandatory)", s)
+}
+
+// Options configures the file system. The zero value is cache=auto,
+// readdirplus on, everything else off.
+type Options struct {
+	Cache CacheMode
+	// Timeout overrides the cache mode's entry and attribute timeout
+	// when TimeoutSet (the C daemon's -o timeout=).
+	Timeout    time.Duration
+	TimeoutSet bool
+
+	Writeback     bool // FUSE_WRITEBACK_CACHE
+	Xattr         bool // extended attributes; ENOSYS without
+	PosixACL      bool // FUSE_POSIX_ACL (needs Xattr)
+	SecurityLabel bool // accepted; FUSE_SECURITY_CTX is never offered, labels arrive as SETXATTR
+	// XattrMap holds xattrmap rules in the C daemon's syntax
+	// (":type:scope:key:prepend:" ...). Empty: names pass unchanged.
+	XattrMap string
+
+	AnnounceSubmounts bool // FUSE_SUBMOUNTS and FUSE_ATTR_SUBMOUNT
+	NoReaddirplus     bool // do not offer READDIRPLUS
+	AllowDirectIO     bool // keep the guest's O_DIRECT on host opens
+	KillprivV2        bool // FUSE_HANDLE_KILLPRIV_V2
+
+	InodeFileHandles FileHandleMode
+
+	PosixLocks bool // POSIX locks (OFD locks per lock owner)
+	Flock      bool // flock(2) locks
+	// MaxLocks bounds the lock owners (one fd each) the guest can hold
+	// at once; 0 means 4096.
+	MaxLocks int
+
+	ReadOnly        bool // refuse every modification with EROFS
+	PreserveNoatime bool // keep the guest's O_NOATIME (dropped by default)
+}
+
+// rootID is FUSE_ROOT_ID.
+const rootID = 1
+
+// FS is the passthrough file system.
+type FS struct {
+	opts Options
+
+	procSelfFD int // O_PATH fd of /proc/self/fd
+	root       *inode
+
+	nodes   slotTable[inode, *inode]
+	handles slotTable[handle, *handle]
+	keys    [keyShards]keyShard
+	rr      atomic.Uint32 // round robin for handle shards
+
+	entryTimeout time.Duration
+	attrTimeout  time.Duration
+
+	// Negotiated at INIT.
+	sessionMu  sync.Mutex
+	initDone   bool
+	caps       atomic.Uint64
+	writeback  atomic.Bool
+	dontMask   atomic.Bool
+	submounts  atomic.Bool
+	killprivV2 atomic.Bool
+
+	openat2 atomic.Bool // openat2 available
+
+	useHandles bool // inodes are held as file handles
+	mountsMu   sync.Mutex
+	mounts     map[uint64]*mountFD
+	xmap       *xattrMap
+
+	creds     credPool
+	closeOnce sync.Once
+
+	locks    atomic.Int64 // lock owner fds held
+	maxLocks int64
+
+	// fd accounting (for tests and metrics)
+	inodeFDs  atomic.Int64
+	handleFDs atomic.Int64
+}
+
+// New opens root (O_PATH) and returns a file system serving it.
+func New(root string, opts Options) (*FS, error) {
+	if opts.PosixACL && !opts.Xattr {
+		return nil, fmt.Errorf("posix ACLs need xattr support")
+	}
+	f := &FS{opts: opts, procSelfFD: -1}
+	xm, err := parseXattrMap(opts.XattrMap)
+	if err != nil {
+		return nil, err
+	}
+	f.xmap = xm
+	f.maxLocks = int64(opts.MaxLocks)
+	if f.maxLocks <= 0 {
+		f.maxLocks = 4096
+	}
+	switch opts.Cache {
+	case CacheNever:
+		f.entryTimeout, f.attrTimeout = 0, 0
+	case CacheAuto:
+		f.entryTimeout, f.attrTimeout = time.Second, time.Second
+	default:
+		f.entryTimeout, f.attrTimeout = 24*time.Hour, 24*time.Hour
+	}
+	if opts.TimeoutSet {
+		f.entryTimeout, f.attrTimeout = opts.Timeout, opts.Timeout
+	}
+	for i := range f.keys {
+		f.keys[i].m = make(map[inodeKey]*inode)
+	}
+
+	proc, err := unix.Open("/proc/self/fd", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open /proc/self/fd: %w", err)
+	}
+	f.procSelfFD = proc
+	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		unix.Close(proc)
+		return nil, fmt.Errorf("open shared directory: %w", err)
+	}
+	var st unix.Statx_t
+	if e := sysStatx(rfd, &emptyPath[0], unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW,
+		unix.STATX_BASIC_STATS|unix.STATX_MNT_ID, &st); e != 0 {
+		unix.Close(rfd)
+		unix.Close(proc)
+		return nil, fmt.Errorf("statx shared directory: %w", e)
+	}
+	f.inodeFDs.Add(1)
+	f.root = &inode{id: rootID, key: keyOf(&st), fd: rfd, ftype: unix.S_IFDIR, pinned: true, fs: f}
+	if opts.InodeFileHandles != FileHandlesNever {
+		h, err := probeHandles(rfd)
+		switch {
+		case err == nil:
+			f.useHandles = true
+			f.mounts = make(map[uint64]*mountFD)
+			f.root.key.handle = handleKey(h)
+			// The shared directory's mount keeps its fd for good.
+			if f.acquireMount(f.root.key.mntID, rfd) == nil {
+				unix.Close(rfd)
+				unix.Close(proc)
+				return nil, fmt.Errorf("open shared directory for file handles failed")
+			}
+		case opts.InodeFileHandles == FileHandlesMandatory:
+			unix.Close(rfd)
+			unix.Close(proc)
+			return nil, fmt.Errorf("inode file handles are mandatory but unusable: %w", err)
+		default:
+			slog.Warn("passthrough: inode file handles unusable, using O_PATH fds", "err", err)
+		}
+	}
+	f.root.refs.Store(1)
+	f.keys[f.root.key.hash()%keyShards].m[f.root.key] = f.root
+
+	// Probe openat2 (Linux 5.6+; a seccomp filter may also refuse it).
+	how := unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: resolveFlags}
+	if fd, e := sysOpenat2(rfd, &dotPath[0], &how); e == 0 {
+		unix.Close(fd)
+		f.openat2.Store(true)
+	}
+	f.creds.init(f)
+	return f, nil
+}
+
+const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_SYMLINKS
+
+// Close releases every inode and handle and the root. The FS must not be
+// used afterwards.
+func (f *FS) Close() error {
+	f.reset()
+	f.creds.stop()
+	f.closeOnce.Do(func() {
+		sysClose(f.root.fd)
+		sysClose(f.procSelfFD)
+	})
+	return nil
+}
+
+// Capabilities returns the CAP_* bits the options call for.
+func (f *FS) Capabilities() uint64 {
+	c := uint64(gofuse.CAP_ASYNC_READ | gofuse.CAP_PARALLEL_DIROPS | gofuse.CAP_EXPORT_SUPPORT |
+		gofuse.CAP_ATOMIC_O_TRUNC | gofuse.CAP_BIG_WRITES | gofuse.CAP_AUTO_INVAL_DATA |
+		gofuse.CAP_ASYNC_DIO)
+	o := &f.opts
+	if o.Writeback {
+		c |= gofuse.CAP_WRITEBACK_CACHE
+	}
+	if o.PosixACL {
+		c |= gofuse.CAP_POSIX_ACL | gofuse.CAP_DONT_MASK | gofuse.CAP_SETXATTR_EXT
+	}
+	if o.AnnounceSubmounts {
+		c |= gofuse.CAP_SUBMOUNTS
+	}
+	if o.KillprivV2 {
+		c |= gofuse.CAP_HANDLE_KILLPRIV_V2
+	}
+	if !o.NoReaddirplus {
+		c |= gofuse.CAP_READDIRPLUS | gofuse.CAP_READDIRPLUS_AUTO
+	}
+	if o.PosixLocks {
+		c |= gofuse.CAP_POSIX_LOCKS
+	}
+	if o.Flock {
+		c |= gofuse.CAP_FLOCK_LOCKS
+	}
+	return c
+}
+
+// Init starts a session with the negotiated capabilities, first releasing
+// everything a previous session held.
+func (f *FS) Init(caps uint64) {
+	f.sessionMu.Lock()
+	defer f.sessionMu.Unlock()
+	if f.initDone {
+		f.reset()
+	}
+	f.initDone = true
+	f.caps.Store(caps)
+	f.writeback.Store(caps&gofuse.CAP_WRITEBACK_CACHE != 0)
+	f.dontMask.Store(caps&gofuse.CAP_DONT_MASK != 0)
+	f.submounts.Store(f.opts.AnnounceSubmounts && caps&gofuse.CAP_SUBMOUNTS != 0)
+	f.killprivV2.Store(caps&gofuse.CAP_HANDLE_KILLPRIV_V2 != 0)
+}
+
+// Destroy ends the session: every inode (but the root) and handle goes.
+func (f *FS) Destroy() {
+	f.sessionMu.Lock()
+	defer f.sessionMu.Unlock()
+	f.reset()
+	f.initDone = false
+}
+
+// reset releases every handle and every inode but the root. Requests still
+// running keep their objects alive through their own references.
+func (f *FS) reset() {
+	f.handles.drain(func(h *handle) { h.put() })
+	var dead []*inode
+	for si := range f.keys {
+		ks := &f.keys[si]
+		ks.mu.Lock()
+		for k, i := range ks.m {
+			if i.pinned {
+				continue
+			}
+			delete(ks.m, k)
+			i.nlookup = 0
+			f.nodes.remove(i.id)
+			dead = append(dead, i)
+		}
+		ks.mu.Unlock()
+	}
+	for _, i := range dead {
+		i.put()
+	}
+	// Lock owners on the root.
+	f.root.lockMu.Lock()
+	for _, fd := range f.root.plocks {
+		sysClose(fd)
+		f.locks.Add(-1)
+	}
+	f.root.plocks = nil
+	f.root.lockMu.Unlock()
+}
+
+// Stats reports how many inodes and handles the guest holds and how many
+// fds they keep open.
+type Stats struct {
+	Inodes, Handles, InodeFDs, HandleFDs, LockFDs int
+}
+
+// Stats returns the current table sizes.
+func (f *FS) Stats() Stats {
+	return Stats{
+		Inodes:    f.nodes.len(),
+		Handles:   f.handles.len(),
+		InodeFDs:  int(f.inodeFDs.Load()),
+		HandleFDs: int(f.handleFDs.Load()),
+		LockFDs:   int(f.locks.Load()),
+	}
+}
+
+// --- attributes and timeouts ---
+
+func setTimeout(sec *uint64, nsec *uint32, d time.Duration) {
+	*sec = uint64(d / time.Second)
+	*nsec = uint32(d % time.Second)
+}
+
+func (f *FS) fillAttrOut(out *gofuse.AttrOut, st *syscall.Stat_t) {
+	*out = gofuse.AttrOut{}
+	out.Attr.FromStat(st)
+	setTimeout(&out.AttrValid, &out.AttrValidNsec, f.attrTimeout)
+}
+
+// attrFromStatx fills a FUSE attr from a statx result.
+func attrFromStatx(a *gofuse.Attr, st *unix.Statx_t) {
+	*a = gofuse.Attr{
+		Ino:       st.Ino,
+		Size:      st.Size,
+		Blocks:    st.Blocks,
+		Atime:     uint64(st.Atime.Sec),
+		Atimensec: st.Atime.Nsec,
+		Mtime:     uint64(st.Mtime.Sec),
+		Mtimensec: st.Mtime.Nsec,
+		Ctime:     uint64(st.Ctime.Sec),
+		Ctimensec: st.Ctime.Nsec,
+		Mode:      uint32(st.Mode),
+		Nlink:     st.Nlink,
+		Owner:     gofuse.Owner{Uid: st.Uid, Gid: st.Gid},
+		Rdev:      newEncodeDev(st.Rdev_major, st.Rdev_minor),
+		Blksize:   st.Blksize,
+	}
+}
+
+// newEncodeDev is the kernel's new_encode_dev, the format of fuse_attr.rdev.
+func newEncodeDev(major, minor uint32) uint32 {
+	return (minor & 0xff) | (major&0xfff)<<8 | (minor&^0xff)<<12
+}
+
+func (f *FS) fillEntry(out *gofuse.EntryOut, i *inode, st *unix.Statx_t, parentMnt uint64) {
+	*out = gofuse.EntryOut{NodeId: i.id}
+	attrFromStatx(&out.Attr, st)
+	if f.submounts.Load() && i.isDir() && st.Mnt_id != parentMnt {
+		out.Attr.Flags |= gofuse.ATTR_SUBMOUNT
+	}
+	setTimeout(&out.EntryValid, &out.EntryValidNsec, f.entryTimeout)
+	setTimeout(&out.AttrValid, &out.AttrValidNsec, f.attrTimeout)
+}
+
+// fileOpenFlags returns FOPEN_* for a file handle per the cache mode.
+func (f *FS) fileOpenFlags() uint32 {
+	switch f.opts.Cache {
+	case CacheNever, CacheMetadata:
+		return gofuse.FOPEN_DIRECT_IO
+	case CacheAlways:
+		return gofuse.FOPEN_KEEP_CACHE
+	}
+	return 0
+}
+
+func (f *FS) dirOpenFlags() uint32 {
+	if f.opts.Cache == CacheAlways {
+		return gofuse.FOPEN_KEEP_CACHE | gofuse.FOPEN_CACHE_DIR
+	}
+	return 0
+}
+
+// DropSupplementaryGroups clears the process's supplementary groups
+// (CVE-2022-0358: a setgid directory's group must not be granted to guest
+// files through the daemon's own groups). Call it once at start; in Go it
+// applies to every thread.
+func DropSupplementaryGroups() error {
+	if err := syscall.Setgroups([]int{}); err != nil {
+		if err == syscall.EPERM {
+			// Unprivileged without CAP_SETGID: fine if there are none.
+			gs, gerr := syscall.Getgroups()
+			if gerr == nil && (len(gs) == 0 || (len(gs) == 1 && gs[0] == syscall.Getegid())) {
+				return nil
+			}
+		}
+		return fmt.Errorf("setgroups: %w", err)
+	}
+	return nil
+}
+
+// RaiseNofileLimit raises RLIMIT_NOFILE to n (or as close as the hard limit
+// and fs.nr_open allow) and returns the resulting soft limit.
+func RaiseNofileLimit(n uint64) (uint64, error) {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		return 0, err
+	}
+	if n <= rl.Cur {
+		return rl.Cur, nil
+	}
+	want := unix.Rlimit{Cur: n, Max: max(n, rl.Max)}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &want); err == nil {
+		return n, nil
+	}
+	// Could not raise the hard limit: go as high as it allows.
+	want = unix.Rlimit{Cur: min(n, rl.Max), Max: rl.Max}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &want); err != nil {
+		return rl.Cur, err
+	}
+	return want.Cur, nil
+}

@@ -1,0 +1,9 @@
+package passthrough_test
+
+import (
+	"github.com/govirtiofsd/govirtiofsd/internal/fuse"
+	"github.com/govirtiofsd/govirtiofsd/internal/passthrough"
+)
+
+// FS satisfies the server's interface without importing internal/fuse.
+var _ fuse.FileSystem = (*passthrough.FS)(nil)

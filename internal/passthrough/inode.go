@@ -1,0 +1,333 @@
+package passthrough
+
+import (
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// inodeKey identifies a host object: the same (dev, ino) on two mounts of
+// one file system are different objects to the guest (they may have
+// different mount options), as in the C and Rust daemons.
+type inodeKey struct {
+	dev   uint64
+	ino   uint64
+	mntID uint64
+	// handle is the file handle (type and bytes) in file handle mode:
+	// without an fd pinning the object, an inode number can be reused by
+	// a new file, which the handle's generation tells apart.
+	handle string
+}
+
+func keyOf(st *unix.Statx_t) inodeKey {
+	return inodeKey{
+		dev:   uint64(unix.Mkdev(st.Dev_major, st.Dev_minor)),
+		ino:   st.Ino,
+		mntID: st.Mnt_id,
+	}
+}
+
+// sameObject compares the host identity, ignoring the file handle.
+func (k inodeKey) sameObject(o inodeKey) bool {
+	return k.dev == o.dev && k.ino == o.ino && k.mntID == o.mntID
+}
+
+func (k inodeKey) hash() uint32 {
+	h := k.ino*0x9e3779b97f4a7c15 ^ k.dev*0xbf58476d1ce4e5b9 ^ k.mntID*0x94d049bb133111eb
+	return uint32(h>>32) ^ uint32(h)
+}
+
+// inode is one host object the guest holds lookups on. Its O_PATH fd lives
+// as long as anything refers to it: the table (while the guest's lookup
+// count is above zero), each request using it, and each open handle.
+type inode struct {
+	id    uint64
+	key   inodeKey
+	fd    int         // O_PATH|O_NOFOLLOW, or -1 when held as a file handle
+	fh    *fileHandle // file handle mode only
+	ftype uint32      // S_IFMT bits; an object's type never changes
+
+	refs atomic.Int64
+
+	// nlookup is the guest's lookup count, guarded by the key shard's
+	// mutex. pinned inodes (the root) ignore it.
+	nlookup uint64
+	pinned  bool
+
+	// POSIX lock state: one open file description per lock owner.
+	lockMu sync.Mutex
+	plocks map[uint64]int
+
+	fs *FS
+}
+
+func (i *inode) tableID() uint64      { return i.id }
+func (i *inode) setTableID(id uint64) { i.id = id }
+
+func (i *inode) isDir() bool     { return i.ftype == unix.S_IFDIR }
+func (i *inode) isReg() bool     { return i.ftype == unix.S_IFREG }
+func (i *inode) isSymlink() bool { return i.ftype == unix.S_IFLNK }
+
+// tryRef takes a use reference unless the inode is already being torn down.
+func (i *inode) tryRef() bool {
+	for {
+		r := i.refs.Load()
+		if r <= 0 {
+			return false
+		}
+		if i.refs.CompareAndSwap(r, r+1) {
+			return true
+		}
+	}
+}
+
+// put drops a reference; the last one closes the fds.
+func (i *inode) put() {
+	if i.refs.Add(-1) != 0 {
+		return
+	}
+	i.lockMu.Lock()
+	for _, fd := range i.plocks {
+		sysClose(fd)
+		i.fs.locks.Add(-1)
+	}
+	i.plocks = nil
+	i.lockMu.Unlock()
+	if i.fd >= 0 {
+		sysClose(i.fd)
+		i.fs.inodeFDs.Add(-1)
+	}
+	if i.fh != nil {
+		i.fs.releaseMount(i.fh.mnt)
+	}
+}
+
+// iref is an inode with a use reference and an O_PATH fd for it: the
+// inode's own fd, or in file handle mode one opened for this request.
+// Its fd field shadows the inode's.
+type iref struct {
+	*inode
+	fd      int
+	ownedFD bool
+}
+
+// closePath closes a per-request fd (the use reference stays).
+func (r *iref) closePath() {
+	if r.ownedFD {
+		sysClose(r.fd)
+		r.ownedFD = false
+	}
+}
+
+// put closes a per-request fd and drops the use reference.
+func (r iref) put() {
+	r.closePath()
+	r.inode.put()
+}
+
+// keyShard maps host keys to inodes so that two lookups of one object give
+// the guest one node id.
+type keyShard struct {
+	mu sync.Mutex
+	m  map[inodeKey]*inode
+	_  [48]byte
+}
+
+const keyShards = 64
+
+type handleKind uint8
+
+const (
+	handleFile handleKind = iota
+	handleDir
+)
+
+// handle is an open file or directory.
+type handle struct {
+	id    uint64
+	fd    int
+	ino   *inode // a reference is held for the handle's lifetime
+	kind  handleKind
+	flags int // host open flags
+	refs  atomic.Int64
+
+	dir *dirStream // directories only
+}
+
+func (h *handle) tableID() uint64      { return h.id }
+func (h *handle) setTableID(id uint64) { h.id = id }
+
+func (h *handle) tryRef() bool {
+	for {
+		r := h.refs.Load()
+		if r <= 0 {
+			return false
+		}
+		if h.refs.CompareAndSwap(r, r+1) {
+			return true
+		}
+	}
+}
+
+func (h *handle) put() {
+	if h.refs.Add(-1) != 0 {
+		return
+	}
+	sysClose(h.fd)
+	h.ino.fs.handleFDs.Add(-1)
+	h.ino.put()
+}
+
+// dirStream is the getdents state of an open directory: the guest reads it
+// in pieces, resuming at the d_off cookie of the last entry it received.
+type dirStream struct {
+	mu   sync.Mutex
+	buf  []byte
+	pos  int    // next unread byte in buf
+	end  int    // bytes of entries in buf
+	next uint64 // cookie of the first unread entry (the fd's position if pos == end)
+	eof  bool
+}
+
+// getInode resolves a node id from the guest, takes a use reference and
+// provides an O_PATH fd.
+func (f *FS) getInode(id uint64) (iref, syscall.Errno) {
+	i := f.node(id)
+	if i == nil {
+		return iref{}, syscall.EBADF
+	}
+	return f.pathOf(i)
+}
+
+// node returns the inode for a guest node id, without a reference.
+func (f *FS) node(id uint64) *inode {
+	if id == rootID {
+		return f.root
+	}
+	return f.nodes.get(id)
+}
+
+// pathOf takes a use reference on i and provides an O_PATH fd for it.
+func (f *FS) pathOf(i *inode) (iref, syscall.Errno) {
+	if !i.tryRef() {
+		return iref{}, syscall.EBADF
+	}
+	if i.fd >= 0 {
+		return iref{inode: i, fd: i.fd}, 0
+	}
+	fd, err := unix.OpenByHandleAt(i.fh.mnt.fd, i.fh.h, unix.O_PATH|unix.O_CLOEXEC)
+	if err != nil {
+		i.put()
+		return iref{}, toErrno(err) // ESTALE once the object is gone
+	}
+	return iref{inode: i, fd: fd, ownedFD: true}, 0
+}
+
+// getDir is getInode for ids that must be directories.
+func (f *FS) getDir(id uint64) (iref, syscall.Errno) {
+	i := f.node(id)
+	if i == nil {
+		return iref{}, syscall.EBADF
+	}
+	if !i.isDir() {
+		return iref{}, syscall.ENOTDIR
+	}
+	return f.pathOf(i)
+}
+
+// getHandle resolves a file handle from the guest and takes a use reference.
+func (f *FS) getHandle(fh uint64, kind handleKind) (*handle, syscall.Errno) {
+	h := f.handles.get(fh)
+	if h == nil || h.kind != kind || !h.tryRef() {
+		return nil, syscall.EBADF
+	}
+	return h, 0
+}
+
+// intern finds or creates the inode for the O_PATH fd whose statx is st and
+// adds one guest lookup. It takes ownership of fd (closing it when the
+// object is already known). The returned inode carries no use reference:
+// the caller's lookup keeps it alive until the guest forgets it, and the
+// caller only reads its immutable fields.
+func (f *FS) intern(fd int, st *unix.Statx_t) (*inode, syscall.Errno) {
+	key := keyOf(st)
+	var fh *fileHandle
+	if f.useHandles {
+		h, err := nameToHandle(fd)
+		switch {
+		case err == nil:
+			key.handle = handleKey(h)
+			fh = &fileHandle{h: h}
+		case f.opts.InodeFileHandles == FileHandlesMandatory:
+			sysClose(fd)
+			f.inodeFDs.Add(-1)
+			return nil, toErrno(err)
+		}
+	}
+	ks := &f.keys[key.hash()%keyShards]
+	ks.mu.Lock()
+	if i := ks.m[key]; i != nil {
+		if !i.pinned {
+			i.nlookup++
+		}
+		ks.mu.Unlock()
+		sysClose(fd)
+		f.inodeFDs.Add(-1)
+		return i, 0
+	}
+	i := &inode{key: key, fd: fd, ftype: uint32(st.Mode) & unix.S_IFMT, nlookup: 1, fs: f}
+	if fh != nil {
+		opath := -1
+		if i.isDir() {
+			opath = fd
+		}
+		if fh.mnt = f.acquireMount(key.mntID, opath); fh.mnt != nil {
+			// Held by handle: the O_PATH fd goes.
+			i.fh, i.fd = fh, -1
+			sysClose(fd)
+			f.inodeFDs.Add(-1)
+		} else if f.opts.InodeFileHandles == FileHandlesMandatory {
+			ks.mu.Unlock()
+			sysClose(fd)
+			f.inodeFDs.Add(-1)
+			return nil, syscall.EOPNOTSUPP
+		}
+	}
+	i.refs.Store(1)
+	if !f.nodes.insert(key.hash(), i) {
+		ks.mu.Unlock()
+		i.put()
+		return nil, syscall.ENFILE
+	}
+	ks.m[key] = i
+	ks.mu.Unlock()
+	return i, 0
+}
+
+// forget drops n guest lookups of i; at zero the inode leaves the tables.
+func (f *FS) forget(i *inode, n uint64) {
+	if i.pinned {
+		return
+	}
+	ks := &f.keys[i.key.hash()%keyShards]
+	ks.mu.Lock()
+	if ks.m[i.key] != i {
+		ks.mu.Unlock()
+		return // already gone
+	}
+	if n >= i.nlookup {
+		i.nlookup = 0
+	} else {
+		i.nlookup -= n
+	}
+	if i.nlookup > 0 {
+		ks.mu.Unlock()
+		return
+	}
+	delete(ks.m, i.key)
+	f.nodes.remove(i.id)
+	ks.mu.Unlock()
+	i.put() // the table's reference
+}

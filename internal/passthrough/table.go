@@ -1,0 +1,156 @@
+package passthrough
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// slotTable maps the 64-bit ids handed to the guest (node ids, file handles)
+// to objects. An id is generation<<32 | index: index picks a slot, the
+// generation (bumped whenever a slot is reused) makes stale ids miss. Ids are
+// never pointers, and every id the guest sends is checked against the slot's
+// current object.
+//
+// Reads are lock-free: two atomic loads (chunk, slot) and a compare. Inserts
+// and removals lock one of tableShards shards, chosen by the caller's hint
+// (slot index % tableShards == shard), so no single mutex is shared by every
+// operation.
+type slotTable[T any, P interface {
+	*T
+	tableID() uint64
+	setTableID(uint64)
+}] struct {
+	chunks [maxChunks]atomic.Pointer[[chunkSize]slot[T]]
+	shards [tableShards]tableShard
+	grow   sync.Mutex // serialises chunk creation
+	count  atomic.Int64
+}
+
+const (
+	tableShards = 64
+	chunkBits   = 12
+	chunkSize   = 1 << chunkBits
+	maxSlots    = 1 << 24 // 16M live objects per table; far above RLIMIT_NOFILE
+	maxChunks   = maxSlots / chunkSize
+	maxLocal    = maxSlots / tableShards
+)
+
+type slot[T any] struct {
+	p   atomic.Pointer[T]
+	gen uint32 // guarded by the owning shard's mutex
+}
+
+type tableShard struct {
+	mu   sync.Mutex
+	free []uint32
+	next uint32 // next never-used local index
+	_    [40]byte
+}
+
+// get returns the object for id, or nil.
+func (t *slotTable[T, P]) get(id uint64) P {
+	idx := uint32(id)
+	if idx >= maxSlots {
+		return nil
+	}
+	ch := t.chunks[idx>>chunkBits].Load()
+	if ch == nil {
+		return nil
+	}
+	p := P(ch[idx&(chunkSize-1)].p.Load())
+	if p == nil || p.tableID() != id {
+		return nil
+	}
+	return p
+}
+
+func (t *slotTable[T, P]) slotFor(idx uint32) *slot[T] {
+	c := idx >> chunkBits
+	ch := t.chunks[c].Load()
+	if ch == nil {
+		t.grow.Lock()
+		if ch = t.chunks[c].Load(); ch == nil {
+			ch = new([chunkSize]slot[T])
+			t.chunks[c].Store(ch)
+		}
+		t.grow.Unlock()
+	}
+	return &ch[idx&(chunkSize-1)]
+}
+
+// insert stores obj under a fresh id, sets the id on obj before publishing
+// it, and returns false when the table is full.
+func (t *slotTable[T, P]) insert(hint uint32, obj P) bool {
+	si := hint % tableShards
+	s := &t.shards[si]
+	s.mu.Lock()
+	var idx uint32
+	if n := len(s.free); n > 0 {
+		idx = s.free[n-1]
+		s.free = s.free[:n-1]
+	} else {
+		if s.next >= maxLocal {
+			s.mu.Unlock()
+			return false
+		}
+		idx = s.next*tableShards + si
+		s.next++
+	}
+	sl := t.slotFor(idx)
+	sl.gen++
+	if sl.gen == 0 {
+		sl.gen = 1
+	}
+	obj.setTableID(uint64(sl.gen)<<32 | uint64(idx))
+	sl.p.Store((*T)(obj))
+	s.mu.Unlock()
+	t.count.Add(1)
+	return true
+}
+
+// remove drops id from the table and reports whether it was present.
+func (t *slotTable[T, P]) remove(id uint64) bool {
+	idx := uint32(id)
+	if idx >= maxSlots || t.chunks[idx>>chunkBits].Load() == nil {
+		return false
+	}
+	s := &t.shards[idx%tableShards]
+	s.mu.Lock()
+	sl := t.slotFor(idx)
+	p := P(sl.p.Load())
+	if p == nil || p.tableID() != id {
+		s.mu.Unlock()
+		return false
+	}
+	sl.p.Store(nil)
+	s.free = append(s.free, idx)
+	s.mu.Unlock()
+	t.count.Add(-1)
+	return true
+}
+
+// drain removes every object and calls fn on each (outside the locks).
+func (t *slotTable[T, P]) drain(fn func(P)) {
+	var got []P
+	for si := range t.shards {
+		s := &t.shards[si]
+		s.mu.Lock()
+		for l := uint32(0); l < s.next; l++ {
+			idx := l*tableShards + uint32(si)
+			sl := t.slotFor(idx)
+			if p := P(sl.p.Load()); p != nil {
+				sl.p.Store(nil)
+				s.free = append(s.free, idx)
+				t.count.Add(-1)
+				got = append(got, p)
+			}
+		}
+		s.mu.Unlock()
+	}
+	for _, p := range got {
+		fn(p)
+	}
+}
+
+// len returns the number of live objects.
+func (t *slotTable[T, P]) len() int { return int(t.count.Load()) }
