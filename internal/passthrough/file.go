@@ -246,6 +246,11 @@ func ioErrno(err error) syscall.Errno {
 }
 
 // Read reads up to in.Size bytes at in.Offset into dst with one preadv.
+//
+// Read and Write stop at the first segment that is not mapped into the
+// daemon and return the bytes done with EFAULT (a short read would look
+// like end of file to the guest); the server can continue from there
+// through the VMM with WithHandleFD.
 func (f *FS) Read(in *gofuse.ReadIn, dst *bufvec.Vec) (int, syscall.Errno) {
 	h, errno := f.fileHandle(in.Fh, in.NodeId)
 	if errno != 0 {
@@ -253,10 +258,25 @@ func (f *FS) Read(in *gofuse.ReadIn, dst *bufvec.Vec) (int, syscall.Errno) {
 	}
 	n, err := dst.ReadFrom(h.fd, int64(in.Offset), min(int(in.Size), dst.Len()))
 	h.put()
+	if err == bufvec.ErrUnmapped {
+		return n, syscall.EFAULT
+	}
 	if err != nil && n == 0 {
 		return 0, ioErrno(err)
 	}
 	return n, 0
+}
+
+// WithHandleFD runs fn with the host fd of open file fh of node nodeID,
+// keeping the handle open meanwhile (for the FS_IO bounce path: the fd is
+// sent to the VMM). fn must not close the fd.
+func (f *FS) WithHandleFD(nodeID, fh uint64, fn func(fd int) syscall.Errno) syscall.Errno {
+	h, errno := f.fileHandle(fh, nodeID)
+	if errno != 0 {
+		return errno
+	}
+	defer h.put()
+	return fn(h.fd)
 }
 
 // Write writes in.Size bytes of src at in.Offset with one pwritev. With
@@ -282,6 +302,9 @@ func (f *FS) Write(in *gofuse.WriteIn, src *bufvec.Vec) (int, syscall.Errno) {
 	}
 	n, err := src.WriteTo(h.fd, int64(in.Offset), int(in.Size))
 	h.put()
+	if err == bufvec.ErrUnmapped {
+		return n, syscall.EFAULT
+	}
 	if err != nil && n == 0 {
 		return 0, ioErrno(err)
 	}

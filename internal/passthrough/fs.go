@@ -27,6 +27,9 @@ package passthrough
 import (
 	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -477,6 +480,11 @@ func RaiseNofileLimit(n uint64) (uint64, error) {
 	var rl unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
 		return 0, err
+	}
+	if b, err := os.ReadFile("/proc/sys/fs/nr_open"); err == nil {
+		if nrOpen, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil && n > nrOpen {
+			n = nrOpen // the kernel's ceiling for RLIMIT_NOFILE
+		}
 	}
 	if n <= rl.Cur {
 		return rl.Cur, nil

@@ -402,5 +402,36 @@ func TestRaiseNofileLimit(t *testing.T) {
 	if err != nil || got < rl.Cur {
 		t.Fatalf("raise: %d %v", got, err)
 	}
+	// Beyond fs.nr_open: capped, not an error.
+	got, err = RaiseNofileLimit(1 << 40)
+	if err != nil || got < rl.Cur || got >= 1<<40 {
+		t.Fatalf("huge raise: %d %v", got, err)
+	}
 	unix.Setrlimit(unix.RLIMIT_NOFILE, &rl)
+}
+
+// Guest buffers outside the daemon's mappings: the mapped prefix is
+// transferred and EFAULT reported, never a short read that looks like EOF.
+func TestUnmappedSegments(t *testing.T) {
+	x := newIOFixture(t, 8192)
+	v := bufvec.NewVec(2)
+	buf := make([]byte, 4096)
+	v.Append(bufvec.Segment{Buf: buf, Len: 4096})
+	v.Append(bufvec.Segment{GPA: 0x100000, Len: 4096}) // unmapped
+	n, errno := x.fs.Read(&gofuse.ReadIn{InHeader: *hdr(x.node), Fh: x.fh, Size: 8192}, v)
+	if errno != syscall.EFAULT || n != 4096 {
+		t.Fatalf("read: %d %v", n, errno)
+	}
+	v.Rewind()
+	n, errno = x.fs.Write(&gofuse.WriteIn{InHeader: *hdr(x.node), Fh: x.fh, Size: 8192}, v)
+	if errno != syscall.EFAULT || n != 4096 {
+		t.Fatalf("write: %d %v", n, errno)
+	}
+	got := -1
+	if errno := x.fs.WithHandleFD(x.node, x.fh, func(fd int) syscall.Errno { got = fd; return 0 }); errno != 0 || got < 0 {
+		t.Fatalf("WithHandleFD: %d %v", got, errno)
+	}
+	if errno := x.fs.WithHandleFD(x.node, x.fh+1, func(int) syscall.Errno { return 0 }); errno != syscall.EBADF {
+		t.Fatalf("WithHandleFD bad fh: %v", errno)
+	}
 }

@@ -92,3 +92,32 @@ func TestXattrMapOps(t *testing.T) {
 		t.Fatalf("not removed: %q", b[:n])
 	}
 }
+
+// POSIX ACLs: SETXATTR of system.posix_acl_access with
+// FUSE_SETXATTR_ACL_KILL_SGID clears the set-group-ID bit.
+func TestACLKillSGID(t *testing.T) {
+	tf := newTestFS(t, Options{Xattr: true, PosixACL: true})
+	p := tf.path("f")
+	os.WriteFile(p, nil, 0o644)
+	unix.Chmod(p, 0o2775)
+	e := tf.lookup(rootID, "f")
+	// version 2; USER_OBJ rwx, GROUP_OBJ r-x, OTHER r-x
+	acl := []byte{2, 0, 0, 0,
+		1, 0, 7, 0, 0xff, 0xff, 0xff, 0xff,
+		4, 0, 5, 0, 0xff, 0xff, 0xff, 0xff,
+		0x20, 0, 5, 0, 0xff, 0xff, 0xff, 0xff}
+	in := &gofuse.SetXAttrIn{InHeader: *hdr(e.NodeId), Size: uint32(len(acl))}
+	if errno := tf.SetXAttr(in, []byte("system.posix_acl_access"), acl); errno != 0 {
+		t.Fatal(errno)
+	}
+	if m := statHost(t, p).Mode & 0o7777; m != 0o2755 {
+		t.Fatalf("without the flag: mode %o", m)
+	}
+	in.SetXAttrFlags = gofuse.SETXATTR_ACL_KILL_SGID
+	if errno := tf.SetXAttr(in, []byte("system.posix_acl_access"), acl); errno != 0 {
+		t.Fatal(errno)
+	}
+	if m := statHost(t, p).Mode & 0o7777; m != 0o755 {
+		t.Fatalf("with ACL_KILL_SGID: mode %o", m)
+	}
+}
