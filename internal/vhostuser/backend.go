@@ -16,7 +16,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -152,8 +151,8 @@ func (b *Backend) Serve(uc *net.UnixConn) error {
 	for {
 		m, err := b.c.readMessage()
 		if err != nil {
-			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
-				b.log.Info("front end disconnected")
+			if isDisconnect(err) {
+				b.log.Info("front end disconnected", "how", err.Error())
 				return nil
 			}
 			if m != nil {
@@ -164,6 +163,10 @@ func (b *Backend) Serve(uc *net.UnixConn) error {
 			return fmt.Errorf("read message: %w", err)
 		}
 		if err := b.dispatch(m); err != nil {
+			if isDisconnect(err) {
+				b.log.Info("front end disconnected before our reply", "how", err.Error())
+				return nil
+			}
 			return err
 		}
 	}

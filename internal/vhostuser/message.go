@@ -120,6 +120,14 @@ func (m *Message) takeFD() int {
 	return fd
 }
 
+// isDisconnect reports whether err means the front end has gone away: end
+// of stream (also in the middle of a message), a reset connection (a peer
+// that closed with our reply unread), or a write to a closed peer.
+func isDisconnect(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, unix.ECONNRESET) || errors.Is(err, unix.EPIPE)
+}
+
 // errProtocol marks stream errors after which the connection cannot be
 // trusted to be in step.
 var errProtocol = errors.New("vhost-user protocol error")
@@ -139,6 +147,7 @@ func newConn(c *net.UnixConn) *conn {
 func (c *conn) read(p []byte, fds *[]int) error {
 	for len(p) > 0 {
 		n, oobn, flags, _, err := c.c.ReadMsgUnix(p, c.oob)
+		n, oobn = max(n, 0), max(oobn, 0) // -1 on some errors
 		if oobn > 0 {
 			if perr := parseRights(c.oob[:oobn], fds); perr != nil && err == nil {
 				err = perr
@@ -214,7 +223,7 @@ func (c *conn) readMessage() (*Message, error) {
 	if err := c.read(m.Payload, &m.FDs); err != nil {
 		m.closeFDs()
 		if errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%w: %s: connection closed inside the payload", errProtocol, requestName(m.Request))
+			return nil, fmt.Errorf("%s: connection closed inside the payload: %w", requestName(m.Request), io.ErrUnexpectedEOF)
 		}
 		return nil, err
 	}
