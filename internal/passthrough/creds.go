@@ -35,6 +35,8 @@ type credPool struct {
 	quit    chan struct{}
 	shared  atomic.Bool // unshare(CLONE_FS) failed: umask/cwd are process-wide
 	switchc bool        // the daemon may switch credentials (euid 0)
+	euid    uint32      // the daemon's ids, which a switch would restore
+	egid    uint32
 	workers int
 	mu      sync.Mutex // serialises jobs when !unshared
 }
@@ -53,6 +55,7 @@ func (p *credPool) init(f *FS) {
 	p.jobs = make(chan *credJob)
 	p.quit = make(chan struct{})
 	p.switchc = unix.Geteuid() == 0
+	p.euid, p.egid = uint32(unix.Geteuid()), uint32(unix.Getegid())
 	p.workers = max(2, min(runtime.GOMAXPROCS(0), 8))
 }
 
@@ -166,8 +169,15 @@ func restoreCreds(prevUID, prevGID int) bool {
 
 // asCaller runs fn with the caller's fsuid/fsgid and umask (umask < 0:
 // none) on a credential worker.
+//
+// When no switch is needed (the caller's ids are the daemon's, or the daemon
+// cannot switch) and no umask applies, fn runs inline: the hand-off to a
+// locked worker thread cost a CREATE more than its syscalls.
 func (f *FS) asCaller(uid, gid uint32, umask int, fn func() syscall.Errno) syscall.Errno {
 	p := &f.creds
+	if umask < 0 && (!p.switchc || (uid == p.euid && gid == p.egid)) {
+		return fn() // the process umask is 0 (New), the fs ids are ours
+	}
 	p.start()
 	j := &credJob{uid: uid, gid: gid, umask: umask, fn: fn, done: make(chan syscall.Errno, 1)}
 	j.switchID = p.switchc

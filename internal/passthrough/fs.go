@@ -270,6 +270,10 @@ func New(root string, opts Options) (*FS, error) {
 		f.openat2.Store(true)
 	}
 	f.creds.init(f)
+	// Creation modes arrive already masked by the guest (FUSE_DONT_MASK
+	// aside, handled per thread by the credential workers): the host must
+	// not mask them again.
+	unix.Umask(0)
 	return f, nil
 }
 

@@ -832,9 +832,10 @@ func TestCredentialsOnCreate(t *testing.T) {
 		t.Fatalf("fsuid now %d", uid)
 	}
 	// Modes are applied as sent (the guest applied its umask) — no
-	// daemon umask interferes.
+	// daemon umask interferes: New clears the process umask.
 	old := unix.Umask(0o077)
 	defer unix.Umask(old)
+	tf = newTestFS(t, Options{})
 	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdr(rootID), Mode: 0o777}, []byte("open"), &e); errno != 0 {
 		t.Fatal(errno)
 	}
