@@ -584,15 +584,18 @@ func (q *Queue) Submit(segs []Segment, mode IndirectMode) (*Chain, error) {
 }
 
 // Kick writes the kick eventfd unconditionally.
+//
+// The write happens under the queue lock: NewKickFd closes the old fd once
+// it has swapped it out, and a write after that close could land in
+// whatever file reused the fd number.
 func (q *Queue) Kick() error {
 	q.mu.Lock()
-	fd := q.kickFd
-	q.kicks++
-	q.mu.Unlock()
-	if fd < 0 {
+	defer q.mu.Unlock()
+	if q.kickFd < 0 {
 		return errors.New("vmm: queue has no kick fd")
 	}
-	_, err := unix.Write(fd, U64(1))
+	q.kicks++
+	_, err := unix.Write(q.kickFd, U64(1))
 	return err
 }
 
@@ -896,12 +899,14 @@ func (q *Queue) Close() {
 	q.wake()
 	<-q.irqDone
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	for id, c := range q.inflight {
 		delete(q.inflight, id)
 		c.descs = nil
 		c.complete(0, ErrClosed)
 	}
-	q.mu.Unlock()
+	// Under the lock, so that a concurrent Kick never writes a closed
+	// (and possibly reused) fd number.
 	q.closeFds()
 }
 

@@ -1,0 +1,512 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/govirtiofsd/govirtiofsd/test/vmm"
+)
+
+// daemonBin is the race-enabled daemon built by TestMain.
+var daemonBin string
+
+// exitTimeout is how long the daemon may take to exit after the front end
+// disconnects.
+const exitTimeout = 2 * time.Second
+
+// opTimeout bounds replies and completions: generous, the machine is shared.
+const opTimeout = 20 * time.Second
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		fmt.Println("integration: skipping, the daemon's passthrough file system needs root")
+		os.Exit(0)
+	}
+	code, err := buildAndRun(m)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "integration:", err)
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+func buildAndRun(m *testing.M) (int, error) {
+	tmp, err := os.MkdirTemp("", "govirtiofsd-integration-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(tmp)
+	daemonBin = filepath.Join(tmp, "govirtiofsd")
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	cmd := exec.Command(goTool, "build", "-race", "-o", daemonBin, "./cmd/govirtiofsd")
+	cmd.Dir = filepath.Join("..", "..")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return 0, fmt.Errorf("building the daemon: %v\n%s", err, out)
+	}
+	return m.Run(), nil
+}
+
+// daemon is one govirtiofsd process serving one connection.
+type daemon struct {
+	t       *testing.T
+	sock    string
+	dir     string // the shared directory
+	logPath string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	waitErr error
+
+	// allowExit1 accepts exit status 1 (a stream the daemon had to give
+	// up on) as well as 0.
+	allowExit1 bool
+
+	mu       sync.Mutex
+	devs     []*vmm.Device
+	finished bool
+}
+
+// startDaemon runs govirtiofsd on a fresh shared directory with the given
+// extra arguments, and registers the end-of-test checks.
+func startDaemon(t *testing.T, extra ...string) *daemon {
+	t.Helper()
+	sockDir, err := os.MkdirTemp("", "gvfs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	tmp := t.TempDir()
+	d := &daemon{t: t, sock: filepath.Join(sockDir, "vhost.sock"), dir: filepath.Join(tmp, "share"),
+		logPath: filepath.Join(tmp, "daemon.log"), done: make(chan struct{})}
+	if err := os.Mkdir(d.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	logf, err := os.Create(d.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"--socket-path", d.sock, "--shared-dir", d.dir, "--log-level", "debug"}, extra...)
+	d.cmd = exec.Command(daemonBin, args...)
+	d.cmd.Stdout, d.cmd.Stderr = logf, logf
+	// Keep the race runtime's exit pause short: the daemon must be gone
+	// within exitTimeout.
+	d.cmd.Env = append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=100"))
+	if err := d.cmd.Start(); err != nil {
+		logf.Close()
+		t.Fatal(err)
+	}
+	logf.Close()
+	go func() {
+		d.waitErr = d.cmd.Wait()
+		close(d.done)
+	}()
+	t.Cleanup(d.finish)
+	return d
+}
+
+// pid is the daemon's process id.
+func (d *daemon) pid() int { return d.cmd.Process.Pid }
+
+// exited reports whether the daemon has exited.
+func (d *daemon) exited() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// connect starts a device on the daemon (the QEMU 7.2 start-up flow).
+func (d *daemon) connect(opts vmm.Options) *vmm.Device {
+	d.t.Helper()
+	dev, err := vmm.Start(d.sock, opts)
+	if err != nil {
+		d.t.Fatalf("vmm start: %v", err)
+	}
+	d.track(dev)
+	return dev
+}
+
+// dial connects without sending anything.
+func (d *daemon) dial(opts vmm.Options) *vmm.Device {
+	d.t.Helper()
+	dev, err := vmm.Connect(d.sock, opts)
+	if err != nil {
+		d.t.Fatalf("vmm connect: %v", err)
+	}
+	d.track(dev)
+	return dev
+}
+
+func (d *daemon) track(dev *vmm.Device) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.devs = append(d.devs, dev)
+}
+
+// disconnect closes every device (the front end goes away) and checks that
+// the daemon exits cleanly and promptly.
+func (d *daemon) disconnect() {
+	d.t.Helper()
+	d.mu.Lock()
+	devs := d.devs
+	d.mu.Unlock()
+	for _, dev := range devs {
+		dev.Close()
+	}
+	d.checkExit(time.Now())
+}
+
+// abort drops the front end's socket the way a killed QEMU does: a plain
+// close, no shutdown first (vmm's Conn.Close shuts down first). The fd
+// number is pointed at /dev/null so that the Conn can still be closed
+// later without touching a reused fd.
+func abort(t *testing.T, c *vmm.Conn) {
+	t.Helper()
+	null, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(null)
+	if err := unix.Dup3(null, c.Fd(), unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkExit waits for the daemon to exit after a disconnect at since.
+func (d *daemon) checkExit(since time.Time) {
+	d.t.Helper()
+	d.mu.Lock()
+	if d.finished {
+		d.mu.Unlock()
+		return
+	}
+	d.finished = true
+	d.mu.Unlock()
+	select {
+	case <-d.done:
+	case <-time.After(exitTimeout - time.Since(since)):
+		d.t.Errorf("daemon still running %v after the front end disconnected", exitTimeout)
+		select {
+		case <-d.done:
+		case <-time.After(10 * time.Second):
+			d.cmd.Process.Signal(syscall.SIGQUIT) // goroutine dump into the log
+			select {
+			case <-d.done:
+			case <-time.After(5 * time.Second):
+				d.cmd.Process.Kill()
+				<-d.done
+			}
+		}
+	}
+	code := d.cmd.ProcessState.ExitCode()
+	switch {
+	case code == 0:
+	case code == 1 && d.allowExit1:
+	case code == 66:
+		d.t.Errorf("daemon exited with status 66: data race")
+	default:
+		d.t.Errorf("daemon exited with %v", d.waitErr)
+	}
+	log := d.log()
+	for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:", "SIGBUS", "SIGSEGV"} {
+		if strings.Contains(log, bad) {
+			d.t.Errorf("daemon log contains %q", bad)
+		}
+	}
+}
+
+// finish is the end-of-test check, run as a cleanup.
+func (d *daemon) finish() {
+	d.disconnect()
+	switch {
+	case os.Getenv("GOVIRTIOFSD_TEST_LOG") != "":
+		d.t.Logf("daemon log:\n%s", d.log())
+	case d.t.Failed():
+		d.t.Logf("daemon log (last lines of %s):\n%s", d.logPath, d.tail(80))
+	}
+}
+
+// log returns the daemon's whole stderr so far.
+func (d *daemon) log() string {
+	b, _ := os.ReadFile(d.logPath)
+	return string(b)
+}
+
+// tail returns the last n lines of the log.
+func (d *daemon) tail(n int) string {
+	lines := strings.Split(strings.TrimRight(d.log(), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// logCount counts log lines containing s.
+func (d *daemon) logCount(s string) int {
+	n := 0
+	sc := bufio.NewScanner(strings.NewReader(d.log()))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), s) {
+			n++
+		}
+	}
+	return n
+}
+
+// fdCount is the number of open fds of the daemon.
+func (d *daemon) fdCount() int {
+	d.t.Helper()
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", d.pid()))
+	if err != nil {
+		d.t.Fatalf("reading the daemon's fds: %v", err)
+	}
+	return len(ents)
+}
+
+// alive fails the test if the daemon has exited.
+func (d *daemon) alive() {
+	d.t.Helper()
+	if d.exited() {
+		d.t.Fatalf("daemon exited unexpectedly: %v", d.waitErr)
+	}
+}
+
+// hostFile reads a file of the shared directory.
+func (d *daemon) hostFile(name string) []byte {
+	d.t.Helper()
+	b, err := os.ReadFile(filepath.Join(d.dir, name))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return b
+}
+
+func (d *daemon) writeHostFile(name string, data []byte) {
+	d.t.Helper()
+	if err := os.WriteFile(filepath.Join(d.dir, name), data, 0o644); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
+// knownBug skips a test of a known daemon bug unless GOVIRTIOFSD_KNOWN_BUGS
+// is set.
+func knownBug(t *testing.T, what string) {
+	t.Helper()
+	if os.Getenv("GOVIRTIOFSD_KNOWN_BUGS") == "" {
+		t.Skip("daemon bug: " + what)
+	}
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// opts returns the default options with the integration timeout.
+func opts() vmm.Options {
+	o := vmm.DefaultOptions()
+	o.Timeout = opTimeout
+	return o
+}
+
+// ---- FUSE helpers ----
+
+// fsc is a FUSE client on one ring.
+type fsc struct {
+	t *testing.T
+	*vmm.Session
+}
+
+func newFS(t *testing.T, dev *vmm.Device, ring int) *fsc {
+	return &fsc{t: t, Session: vmm.NewSession(dev, ring)}
+}
+
+// mount sends FUSE_INIT as Linux 6.1 does and checks the answer.
+func (c *fsc) mount() *vmm.InitOut {
+	c.t.Helper()
+	o, err := c.Init(vmm.KernelMinor, vmm.LinuxInitFlags)
+	if err != nil {
+		c.t.Fatalf("FUSE_INIT on ring %d: %v", c.Queue, err)
+	}
+	if o.Major != 7 || o.Minor != vmm.KernelMinor {
+		c.t.Fatalf("FUSE_INIT answered %d.%d, want 7.%d", o.Major, o.Minor, vmm.KernelMinor)
+	}
+	return o
+}
+
+func createIn(flags, mode uint32, name string) []byte {
+	b := le32(nil, flags)
+	b = le32(b, mode)
+	b = le32(b, 0o022) // umask
+	b = le32(b, 0)     // open_flags
+	return append(append(b, name...), 0)
+}
+
+var le = binary.LittleEndian
+
+func le32(b []byte, v uint32) []byte { return le.AppendUint32(b, v) }
+
+func le64(b []byte, v uint64) []byte { return le.AppendUint64(b, v) }
+
+// tryCreate sends CREATE and returns the node id and file handle.
+func (c *fsc) tryCreate(parent uint64, name string, flags uint32) (uint64, uint64, error) {
+	b, err := c.Call(vmm.OpCreate, parent, createIn(flags, 0o100644, name), nil, vmm.FuseEntryOutSize+16)
+	if err != nil {
+		return 0, 0, err
+	}
+	if len(b) != vmm.FuseEntryOutSize+16 {
+		return 0, 0, fmt.Errorf("CREATE reply body of %d bytes", len(b))
+	}
+	e, err := vmm.ParseEntryOut(b[:vmm.FuseEntryOutSize])
+	if err != nil {
+		return 0, 0, err
+	}
+	return e.NodeID, le.Uint64(b[vmm.FuseEntryOutSize:]), nil
+}
+
+func (c *fsc) create(parent uint64, name string, flags uint32) (uint64, uint64) {
+	c.t.Helper()
+	n, fh, err := c.tryCreate(parent, name, flags)
+	if err != nil {
+		c.t.Fatalf("CREATE %s on ring %d: %v", name, c.Queue, err)
+	}
+	return n, fh
+}
+
+func (c *fsc) lookup(parent uint64, name string) *vmm.EntryOut {
+	c.t.Helper()
+	e, err := c.Lookup(parent, name)
+	if err != nil {
+		c.t.Fatalf("LOOKUP %s on ring %d: %v", name, c.Queue, err)
+	}
+	return e
+}
+
+func (c *fsc) open(node uint64, flags uint32) uint64 {
+	c.t.Helper()
+	fh, err := c.Open(node, flags)
+	if err != nil {
+		c.t.Fatalf("OPEN on ring %d: %v", c.Queue, err)
+	}
+	return fh
+}
+
+func (c *fsc) write(node, fh, off uint64, data []byte) {
+	c.t.Helper()
+	n, err := c.Write(node, fh, off, data)
+	if err != nil {
+		c.t.Fatalf("WRITE of %d bytes on ring %d: %v", len(data), c.Queue, err)
+	}
+	if int(n) != len(data) {
+		c.t.Fatalf("WRITE of %d bytes on ring %d wrote %d", len(data), c.Queue, n)
+	}
+}
+
+func (c *fsc) read(node, fh, off uint64, size int) []byte {
+	c.t.Helper()
+	b, err := c.Read(node, fh, off, uint32(size))
+	if err != nil {
+		c.t.Fatalf("READ of %d bytes on ring %d: %v", size, c.Queue, err)
+	}
+	return b
+}
+
+func (c *fsc) getattr(node uint64) *vmm.AttrOut {
+	c.t.Helper()
+	a, err := c.Getattr(node)
+	if err != nil {
+		c.t.Fatalf("GETATTR on ring %d: %v", c.Queue, err)
+	}
+	return a
+}
+
+// roundTrip creates name, writes data through FUSE, checks the host file,
+// reads it back through FUSE and releases the handle.
+func (c *fsc) roundTrip(d *daemon, name string, data []byte) {
+	c.t.Helper()
+	node, fh := c.create(vmm.RootID, name, syscall.O_RDWR)
+	c.write(node, fh, 0, data)
+	if got := d.hostFile(name); !bytes.Equal(got, data) {
+		c.t.Fatalf("host file %s: %d bytes, want %d (first diff at %d)", name, len(got), len(data), firstDiff(got, data))
+	}
+	if got := c.read(node, fh, 0, len(data)); !bytes.Equal(got, data) {
+		c.t.Fatalf("READ of %s on ring %d: %d bytes, want %d (first diff at %d)", name, c.Queue, len(got), len(data), firstDiff(got, data))
+	}
+	if err := c.Release(node, fh, syscall.O_RDWR); err != nil {
+		c.t.Fatalf("RELEASE on ring %d: %v", c.Queue, err)
+	}
+}
+
+// check makes one cheap valid request on the session's ring.
+func (c *fsc) check() {
+	c.t.Helper()
+	c.getattr(vmm.RootID)
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+// pattern is n bytes of data that differ per seed and per position.
+func pattern(seed, n int) []byte {
+	b := make([]byte, n)
+	x := uint32(seed)*2654435761 + 1
+	for i := range b {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		b[i] = byte(x)
+	}
+	return b
+}
+
+// noViolations fails on any device misbehaviour vmm saw on the rings.
+func noViolations(t *testing.T, dev *vmm.Device) {
+	t.Helper()
+	for _, q := range dev.Queues {
+		for _, v := range q.Violations() {
+			t.Errorf("ring violation: %s", v)
+		}
+		if s := q.Stats(); s.Lost != 0 {
+			t.Errorf("ring %d: %d lost interrupts (signals on stale call fds)", q.Index, s.Lost)
+		}
+	}
+}
+
+// replyErr extracts the REPLY_ACK failure code of err (0 if not one).
+func replyErr(err error) uint64 {
+	var re *vmm.ReplyError
+	if errors.As(err, &re) {
+		return re.Code
+	}
+	return 0
+}

@@ -1,0 +1,337 @@
+package integration
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/govirtiofsd/govirtiofsd/test/vmm"
+)
+
+// TestStopRestartExact is the pause/resume contract of GET_VRING_BASE: on a
+// ring with requests in flight, and with the guest kicking concurrently,
+// SET_VRING_ENABLE 0 + GET_VRING_BASE stops the ring and returns the next
+// avail index to process, after every request taken has been answered and
+// pushed (so base == used.idx, and used.idx does not move while stopped);
+// restarting there executes every request exactly once.
+//
+// Each iteration publishes one WRITE per file (64 files opened O_APPEND),
+// each appending a unique record; the host files must end up holding each
+// record exactly once, in order.
+//
+// GOVIRTIOFSD_STRESS_ITER sets the iteration count (default 200).
+func TestStopRestartExact(t *testing.T) {
+	iters := envInt("GOVIRTIOFSD_STRESS_ITER", 200)
+	cases := []struct {
+		name     string
+		features uint64
+		size     uint16
+		iters    int
+		recLen   int
+	}{
+		{"event-idx-q128", 0, 128, iters, 16},
+		// Multi-page, unaligned writes: the daemon is busy when the stop
+		// comes.
+		{"no-event-idx-q1024-16KiB-records", vmm.DefaultFeatures &^ vmm.Bit(vmm.FEventIdx), 1024, max(iters/4, 10), 16*1024 + 16},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d := startDaemon(t)
+			o := opts()
+			o.Features, o.QueueSize = tc.features, tc.size
+			dev := d.connect(o)
+			stopRestartLoop(t, d, dev, tc.iters, tc.recLen)
+		})
+	}
+}
+
+const stressFiles = 64
+
+// record is the unique record of one iteration for one file: a 16-byte tag
+// repeated to n bytes.
+func record(iter, file, n int) []byte {
+	tag := fmt.Appendf(nil, "%08d:%02d:%03d\n", iter, file, iter%997)[:16]
+	return bytes.Repeat(tag, n/16)
+}
+
+func stopRestartLoop(t *testing.T, d *daemon, dev *vmm.Device, iters, recordLen int) {
+	c := newFS(t, dev, 1)
+	c.mount()
+	var nodes, fhs [stressFiles]uint64
+	for i := range stressFiles {
+		nodes[i], fhs[i] = c.create(vmm.RootID, fmt.Sprintf("log%02d", i), syscall.O_WRONLY|syscall.O_APPEND)
+	}
+	q := dev.Queue(1)
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	start := time.Now()
+	var stopsMidSubmit, stopsWithPending int
+	for it := range iters {
+		oneIteration := func() {
+			calls := make([]*vmm.FuseCall, stressFiles)
+			uniques := make([]uint64, stressFiles)
+			stopAt := rng.IntN(stressFiles + 1)
+			var published atomic.Int32
+			var submitErr error
+			submitDone := make(chan struct{})
+			kickStop := make(chan struct{})
+			var wg sync.WaitGroup
+			// Whatever happens, no goroutine may touch the device after this
+			// iteration (the cleanup unmaps guest memory).
+			defer func() {
+				close(kickStop)
+				wg.Wait()
+				<-submitDone
+			}()
+
+			// The guest kicks (as if several vCPUs submitted) around the stop.
+			wg.Go(func() {
+				for {
+					select {
+					case <-kickStop:
+						return
+					default:
+					}
+					q.Kick()
+					runtime.Gosched()
+				}
+			})
+			go func() {
+				defer close(submitDone)
+				for i := range stressFiles {
+					h := c.Header(vmm.OpWrite, nodes[i])
+					uniques[i] = h.Unique
+					rec := record(it, i, recordLen)
+					in := vmm.BuildRequest(h, len(rec), vmm.ReadWriteIn(fhs[i], uint64(it*recordLen), uint32(len(rec)), 0))
+					mode := vmm.IndirectAuto
+					if i%8 == 0 {
+						mode = vmm.IndirectNever
+					}
+					fc, err := q.SubmitFuse(vmm.FuseRequest{In: in, InPages: rec, OutArgs: 8, Indirect: mode})
+					if err != nil {
+						submitErr = fmt.Errorf("iteration %d: submit %d: %w", it, i, err)
+						return
+					}
+					calls[i] = fc
+					published.Add(1)
+					if rng.IntN(4) == 0 {
+						runtime.Gosched()
+					}
+				}
+			}()
+			for int(published.Load()) < stopAt {
+				select {
+				case <-submitDone:
+				default:
+					runtime.Gosched()
+					continue
+				}
+				break
+			}
+			base, err := dev.StopQueue(1)
+			if err != nil {
+				t.Fatalf("iteration %d: stop: %v", it, err)
+			}
+			usedAtStop := q.UsedIdx()
+			if uint16(base) != usedAtStop {
+				t.Fatalf("iteration %d: GET_VRING_BASE = %d but used.idx = %d: not every request taken was pushed before the answer",
+					it, base, usedAtStop)
+			}
+			if published.Load() < stressFiles {
+				stopsMidSubmit++
+			}
+			<-submitDone
+			if submitErr != nil {
+				t.Fatal(submitErr)
+			}
+			if pending := q.AvailIdx() - uint16(base); pending > stressFiles {
+				t.Fatalf("iteration %d: GET_VRING_BASE = %d beyond avail.idx %d", it, base, q.AvailIdx())
+			} else if pending > 0 {
+				stopsWithPending++
+			}
+			// The stopped ring must stay still while the guest keeps kicking.
+			for range 20 {
+				q.Kick()
+				runtime.Gosched()
+			}
+			q.Harvest()
+			if u := q.UsedIdx(); u != usedAtStop {
+				t.Fatalf("iteration %d: used.idx moved from %d to %d after GET_VRING_BASE", it, usedAtStop, u)
+			}
+			if err := dev.RestartQueue(1, base, false); err != nil {
+				t.Fatalf("iteration %d: restart at %d: %v", it, base, err)
+			}
+			for i, fc := range calls {
+				b, err := fc.Wait(opTimeout)
+				if err != nil {
+					t.Fatalf("iteration %d: write %d: %v (ring stats %+v, avail.idx %d, used.idx %d, base %d)",
+						it, i, err, q.Stats(), q.AvailIdx(), q.UsedIdx(), base)
+				}
+				h, body, err := vmm.ParseReply(b)
+				switch {
+				case err != nil:
+					t.Fatalf("iteration %d: write %d: %v", it, i, err)
+				case h.Unique != uniques[i]:
+					t.Fatalf("iteration %d: write %d: reply unique %d, want %d", it, i, h.Unique, uniques[i])
+				case h.Error != 0 || len(body) != 8 || le.Uint32(body) != uint32(recordLen):
+					t.Fatalf("iteration %d: write %d: error %d, body %x", it, i, h.Error, body)
+				}
+			}
+			if v := q.Violations(); len(v) > 0 {
+				t.Fatalf("iteration %d: %v", it, v)
+			}
+			if q.InFlight() != 0 {
+				t.Fatalf("iteration %d: %d chains still in flight", it, q.InFlight())
+			}
+		}
+		oneIteration()
+	}
+	t.Logf("%d iterations in %v: %d stops while the guest was still submitting, %d with chains left for the restart",
+		iters, time.Since(start).Round(time.Millisecond), stopsMidSubmit, stopsWithPending)
+	for i := range stressFiles {
+		var want []byte
+		for it := range iters {
+			want = append(want, record(it, i, recordLen)...)
+		}
+		got := d.hostFile(fmt.Sprintf("log%02d", i))
+		if !bytes.Equal(got, want) {
+			at := firstDiff(got, want)
+			t.Errorf("log%02d: %d bytes, want %d; first difference in record %d: got %q", i, len(got), len(want),
+				at/recordLen, got[at/16*16:min(len(got), at/16*16+16)])
+		}
+	}
+	noViolations(t, dev)
+}
+
+// TestStopRestartAllRings pauses and resumes the whole device (QEMU's
+// vhost_dev_stop/start) while requests run on two request rings.
+func TestStopRestartAllRings(t *testing.T) {
+	d := startDaemon(t)
+	o := opts()
+	o.Queues = 3
+	dev := d.connect(o)
+	c := newFS(t, dev, 1)
+	c.mount()
+	for round := range 20 {
+		var wg sync.WaitGroup
+		var calls [2][]*vmm.FuseCall
+		for r := range 2 {
+			q := dev.Queue(r + 1)
+			s := vmm.NewSession(dev, r+1)
+			for range 16 {
+				in := vmm.BuildRequest(s.Header(vmm.OpGetattr, vmm.RootID), 0, make([]byte, 16))
+				fc, err := q.SubmitFuse(vmm.FuseRequest{In: in, OutArgs: vmm.FuseAttrOutSize})
+				if err != nil {
+					t.Fatal(err)
+				}
+				calls[r] = append(calls[r], fc)
+			}
+		}
+		bases, err := dev.Stop()
+		if err != nil {
+			t.Fatalf("round %d: stop: %v", round, err)
+		}
+		for i, b := range bases {
+			if u := dev.Queue(i).UsedIdx(); uint16(b) != u {
+				t.Fatalf("round %d: ring %d: base %d, used.idx %d", round, i, b, u)
+			}
+		}
+		if err := dev.Restart(false); err != nil {
+			t.Fatalf("round %d: restart: %v", round, err)
+		}
+		for r := range 2 {
+			for _, fc := range calls[r] {
+				wg.Go(func() {
+					b, err := fc.Wait(opTimeout)
+					if err != nil {
+						t.Errorf("round %d ring %d: %v", round, r+1, err)
+						return
+					}
+					if h, _, err := vmm.ParseReply(b); err != nil || h.Error != 0 {
+						t.Errorf("round %d ring %d: %+v %v", round, r+1, h, err)
+					}
+				})
+			}
+		}
+		wg.Wait()
+		if t.Failed() {
+			return
+		}
+	}
+	c.roundTrip(d, "after", pattern(1, 10000))
+	noViolations(t, dev)
+}
+
+// TestGuestReset: a guest reboot (rings stopped, restarted in new memory at
+// base 0) followed by FUSE_INIT resets the file system session: handles of
+// the old session are gone, the files are intact, and DESTROY + INIT
+// (umount + mount) on the same connection works too.
+func TestGuestReset(t *testing.T) {
+	d := startDaemon(t)
+	dev := d.connect(opts())
+	c := newFS(t, dev, 1)
+	c.mount()
+	node, fh := c.create(vmm.RootID, "kept", syscall.O_RDWR)
+	c.write(node, fh, 0, []byte("before reboot"))
+	for range 5 {
+		if err := dev.GuestReset(); err != nil {
+			t.Fatalf("guest reset: %v", err)
+		}
+		c.mount()
+		if _, err := c.Read(node, fh, 0, 13); err == nil {
+			t.Errorf("READ with a file handle of the session before the reset succeeded")
+		}
+		e := c.lookup(vmm.RootID, "kept")
+		if e.Attr.Size != 13 {
+			t.Errorf("after reset: size %d", e.Attr.Size)
+		}
+		node = e.NodeID
+		fh = c.open(node, syscall.O_RDWR)
+		if got := c.read(node, fh, 0, 13); string(got) != "before reboot" {
+			t.Errorf("after reset: read %q", got)
+		}
+	}
+	// umount + mount on the same connection.
+	if err := c.Destroy(); err != nil {
+		t.Fatalf("DESTROY: %v", err)
+	}
+	c.mount()
+	c.roundTrip(d, "after-remount", pattern(1, 8192))
+	noViolations(t, dev)
+}
+
+// TestGuestResetInFlight: a reboot while requests are in flight on the old
+// rings; the daemon answers what it took, the rest are abandoned, and the
+// new rings start clean.
+func TestGuestResetInFlight(t *testing.T) {
+	d := startDaemon(t)
+	o := opts()
+	o.QueueSize = 1024
+	dev := d.connect(o)
+	c := newFS(t, dev, 1)
+	c.mount()
+	node, fh := c.create(vmm.RootID, "big", syscall.O_RDWR)
+	for round := range 10 {
+		q := dev.Queue(1)
+		for i := range 32 {
+			data := pattern(i, 64*1024)
+			in := vmm.BuildRequest(c.Header(vmm.OpWrite, node), len(data), vmm.ReadWriteIn(fh, uint64(i)*64*1024, uint32(len(data)), 0))
+			if _, err := q.SubmitFuse(vmm.FuseRequest{In: in, InPages: data, OutArgs: 8}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := dev.GuestReset(); err != nil {
+			t.Fatalf("round %d: guest reset: %v", round, err)
+		}
+		c.mount()
+		node = c.lookup(vmm.RootID, "big").NodeID
+		fh = c.open(node, syscall.O_RDWR)
+	}
+	c.roundTrip(d, "after", pattern(9, 4096))
+	noViolations(t, dev)
+}
