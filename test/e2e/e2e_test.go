@@ -68,7 +68,8 @@ type env struct {
 	d      *daemon
 }
 
-func newEnv(t *testing.T, kind daemonKind, k guestKernel) *env {
+// newEnv starts a daemon of the given kind; extra arguments go to its command line.
+func newEnv(t *testing.T, kind daemonKind, k guestKernel, extra ...string) *env {
 	t.Helper()
 	e := &env{t: t, kind: kind, kernel: k, dir: artifactDir(t), shared: t.TempDir()}
 	if err := os.WriteFile(filepath.Join(e.shared, "hello"), []byte(helloContent), 0o644); err != nil {
@@ -81,7 +82,7 @@ func newEnv(t *testing.T, kind daemonKind, k guestKernel) *env {
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
 	e.sock = filepath.Join(sockDir, "vhost.sock")
-	e.d = startDaemon(t, kind, e.sock, e.shared, filepath.Join(e.dir, "daemon.log"))
+	e.d = startDaemon(t, kind, e.sock, e.shared, filepath.Join(e.dir, "daemon.log"), extra...)
 	return e
 }
 

@@ -37,6 +37,8 @@ command -v cpio >/dev/null || need_pkgs+=(cpio)
 command -v fio >/dev/null || need_pkgs+=(fio)
 command -v xz >/dev/null || need_pkgs+=(xz-utils)
 command -v zstd >/dev/null || need_pkgs+=(zstd)
+command -v gcc >/dev/null || need_pkgs+=(gcc)
+[[ -f /usr/lib/x86_64-linux-gnu/libc.a ]] || need_pkgs+=(libc6-dev)
 if ((${#need_pkgs[@]})); then
 	[[ $OFFLINE == 1 ]] && die "missing packages: ${need_pkgs[*]}"
 	log "installing ${need_pkgs[*]}"
@@ -171,6 +173,9 @@ build_initrd() {
 		echo "$m" >>"$stage/e2e/modules.list"
 	done
 
+	# guest tools: static helpers for the calls busybox lacks
+	gcc -static -O2 -Wall -o "$stage/usr/bin/fsops" "$HERE/guest-tools/fsops.c" || die "cannot build guest-tools/fsops.c"
+
 	# init and the guest scripts
 	install -m 0755 "$HERE/guest-init.sh" "$stage/init"
 	for f in "$HERE"/guest-scripts/*.sh; do
@@ -191,7 +196,8 @@ inputs_hash() {
 	local kver=$1 vmlinuz=$2
 	{
 		echo "$kver"
-		sha256sum "$vmlinuz" "$BUSYBOX" "$FIO" "$HERE/guest.sh" "$HERE/guest-init.sh" "$HERE"/guest-scripts/*.sh
+		sha256sum "$vmlinuz" "$BUSYBOX" "$FIO" "$HERE/guest.sh" "$HERE/guest-init.sh" "$HERE"/guest-scripts/*.sh "$HERE"/guest-tools/*.c
+		gcc --version | head -n1
 		ldd "$FIO" | sed 's/ (0x[0-9a-f]*)//'
 	} | sha256sum | cut -d' ' -f1
 }

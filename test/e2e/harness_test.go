@@ -268,16 +268,19 @@ func ourDaemonBinary(t *testing.T) string {
 }
 
 // startDaemon starts the daemon of the given kind serving shared on sock,
-// with stdout+stderr in logPath, and waits for the socket to appear.
+// with stdout+stderr in logPath, and waits for the socket to appear. extra
+// arguments follow the standard ones (each daemon's own spelling).
 // GOVIRTIOFSD_E2E_DAEMON_ARGS adds arguments to our daemon's command line.
-func startDaemon(t *testing.T, kind daemonKind, sock, shared, logPath string) *daemon {
+func startDaemon(t *testing.T, kind daemonKind, sock, shared, logPath string, extra ...string) *daemon {
 	t.Helper()
 	var cmd *exec.Cmd
 	switch kind {
 	case refDaemon:
-		cmd = exec.Command(referenceDaemon, "--socket-path="+sock, "-o", "source="+shared, "-o", "cache=none")
+		args := []string{"--socket-path=" + sock, "-o", "source=" + shared, "-o", "cache=none"}
+		cmd = exec.Command(referenceDaemon, append(args, extra...)...)
 	default:
 		args := []string{"--socket-path", sock, "--shared-dir", shared, "--log-level", "debug"}
+		args = append(args, extra...)
 		args = append(args, strings.Fields(os.Getenv("GOVIRTIOFSD_E2E_DAEMON_ARGS"))...)
 		cmd = exec.Command(ourDaemonBinary(t), args...)
 	}
@@ -536,6 +539,34 @@ func (v *vm) markerTimes(re *regexp.Regexp) []time.Duration {
 	for i, l := range v.lines {
 		if re.MatchString(l) {
 			out = append(out, v.times[i].Sub(v.started).Round(100*time.Millisecond))
+		}
+	}
+	return out
+}
+
+// stepDurations returns, per step name (suffixed "#2", "#3", ... when a name
+// repeats), the time between its E2E-STEP-BEGIN and E2E-STEP lines as seen
+// by the host.
+func (v *vm) stepDurations() map[string]time.Duration {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := map[string]time.Duration{}
+	begin := map[string]time.Time{}
+	for i, l := range v.lines {
+		if m := reBegin.FindStringSubmatch(l); m != nil {
+			begin[m[1]] = v.times[i]
+		} else if m := reStep.FindStringSubmatch(l); m != nil {
+			if b, ok := begin[m[1]]; ok {
+				name := m[1]
+				for n := 2; ; n++ {
+					if _, dup := out[name]; !dup {
+						break
+					}
+					name = m[1] + "#" + strconv.Itoa(n)
+				}
+				out[name] = v.times[i].Sub(b)
+				delete(begin, m[1])
+			}
 		}
 	}
 	return out
