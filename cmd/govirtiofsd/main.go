@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -34,7 +35,7 @@ func main() {
 }
 
 func newCommand() *cobra.Command {
-	o := &Options{FD: -1, Queues: vhostuser.MaxRings - 1, LogLevel: "info", Cache: "auto", InodeFileHandles: "never"}
+	o := &Options{FD: -1, Queues: vhostuser.MaxRings - 1, LogLevel: "info", Cache: "auto", InodeFileHandles: "never", ThreadPoolSize: -1}
 	cmd := &cobra.Command{
 		Use:           "govirtiofsd --socket-path PATH --shared-dir DIR",
 		Short:         "virtio-fs daemon: share a host directory with a virtual machine",
@@ -85,6 +86,10 @@ func run(o *Options) error {
 	}
 	defer ln.Close()
 
+	workers := o.ThreadPoolSize
+	if workers < 0 {
+		workers = runtime.NumCPU()
+	}
 	fsys, err := newFileSystem(o, log)
 	if err != nil {
 		return err
@@ -94,6 +99,7 @@ func run(o *Options) error {
 		RequestQueues: o.Queues,
 		Tag:           o.Tag,
 		Logger:        log,
+		Workers:       workers,
 		Handler: vhostuser.HandlerFunc(func(i int) vhostuser.RequestHandler {
 			return fs.Queue(i)
 		}),

@@ -43,6 +43,7 @@ type Options struct {
 	ReadOnly          bool
 	PreserveNoatime   bool
 	RlimitNofile      int
+	ThreadPoolSize    int
 }
 
 // optKind says how an option's value is parsed.
@@ -150,6 +151,8 @@ var optionTable = []option{
 		set: setBool(func(o *Options) *bool { return &o.PreserveNoatime })},
 	{long: "rlimit-nofile", kind: optInt, usage: "RLIMIT_NOFILE to set (default min(1000000, fs.nr_open))",
 		set: setInt(func(o *Options) *int { return &o.RlimitNofile })},
+	{long: "thread-pool-size", oKey: "thread_pool_size", kind: optInt, usage: "most requests served on worker threads at once (0: all inline; default: number of CPUs)",
+		set: setInt(func(o *Options) *int { return &o.ThreadPoolSize })},
 	{short: "f", kind: optBool, usage: "stay in the foreground (always the case)",
 		set: setBool(func(o *Options) *bool { return &o.Foreground })},
 }

@@ -350,3 +350,27 @@ func (q *Queue) dispatch(in, out *bufvec.Vec) (int, syscall.Errno) {
 	// opcodes.
 	return 0, syscall.ENOSYS
 }
+
+// heavyBytes is the size from which a READ or WRITE is worth a hand-off to
+// a worker goroutine: below it the syscall costs about as much as the
+// hand-off, and serving inline keeps small I/O on one core.
+const heavyBytes = 32 << 10
+
+// Heavy reports whether the request in (not yet consumed) is a large READ
+// or WRITE. It only peeks: the cursor is left at the start, and Serve
+// validates everything again.
+func (q *Queue) Heavy(in *bufvec.Vec) bool {
+	var b [InHeaderSize + 24]byte // fuse_in_header, then fh, offset, size
+	if in.Pos() != 0 || in.ReadFull(b[:]) != nil {
+		in.Rewind()
+		return false
+	}
+	in.Rewind()
+	switch binary.LittleEndian.Uint32(b[4:]) {
+	case OpWrite:
+		return binary.LittleEndian.Uint32(b[0:]) >= heavyBytes
+	case OpRead:
+		return binary.LittleEndian.Uint32(b[InHeaderSize+16:]) >= heavyBytes
+	}
+	return false
+}

@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -92,6 +93,11 @@ type Config struct {
 	Tag     string
 	Handler Handler
 	Logger  *slog.Logger
+	// Workers caps the requests served on worker goroutines at once,
+	// across all rings (--thread-pool-size); 0 serves every request
+	// inline on its ring's goroutine. Each ring hands a request to a
+	// worker only when its handler classifies it as heavy.
+	Workers int
 }
 
 // Backend serves one vhost-user connection.
@@ -110,8 +116,9 @@ type Backend struct {
 	memory  virtqueue.MemoryMap
 	regions []virtqueue.Region // current regions; mappings held by the current table
 
-	rings   [MaxRings]*vring
-	backend BackendChannel
+	rings       [MaxRings]*vring
+	backend     BackendChannel
+	busyWorkers atomic.Int32
 }
 
 // NewBackend returns a back end for cfg.
@@ -121,6 +128,9 @@ func NewBackend(cfg Config) (*Backend, error) {
 	}
 	if cfg.RequestQueues < 1 || cfg.RequestQueues > MaxRings-1 {
 		return nil, fmt.Errorf("vhostuser: %d request queues, want 1..%d", cfg.RequestQueues, MaxRings-1)
+	}
+	if cfg.Workers < 0 || cfg.Workers > 1024 {
+		return nil, fmt.Errorf("vhostuser: %d workers, want 0..1024", cfg.Workers)
 	}
 	if len(cfg.Tag) > 36 {
 		return nil, fmt.Errorf("vhostuser: tag %q longer than 36 bytes", cfg.Tag)

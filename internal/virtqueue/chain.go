@@ -19,6 +19,7 @@ type DescChain struct {
 	Readable *bufvec.Vec
 	Writable *bufvec.Vec
 
+	size      uint16       // ring size the chain was built for
 	mem       *GuestMemory // translation table for this chain's buffers
 	scratch   []byte       // copy of an indirect table that straddles regions
 	sawWrite  bool
@@ -30,11 +31,15 @@ type DescChain struct {
 func NewDescChain(size uint16) *DescChain {
 	n := int(size) + regionSplits
 	return &DescChain{
+		size:     size,
 		Readable: bufvec.NewVec(n),
 		Writable: bufvec.NewVec(n),
 		scratch:  make([]byte, 0, descSize*int(size)),
 	}
 }
+
+// Cap returns the ring size the chain was built for.
+func (c *DescChain) Cap() int { return int(c.size) }
 
 // Memory returns the table the chain's segments point into.
 func (c *DescChain) Memory() *GuestMemory { return c.mem }
