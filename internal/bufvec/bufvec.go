@@ -53,7 +53,8 @@ type Vec struct {
 	off int
 	pos int
 
-	iov iovecs // scratch for vectored I/O, sized at construction
+	iov     iovecs  // scratch for vectored I/O, sized at construction
+	bouncer Bouncer // moves unmapped segments' data, nil if none
 }
 
 // NewVec returns a Vec that can hold up to maxSegs segments without
@@ -69,6 +70,7 @@ func (v *Vec) Reset() {
 	clear(v.segs) // drop references to guest memory
 	v.segs = v.segs[:0]
 	v.total, v.seg, v.off, v.pos = 0, 0, 0, 0
+	v.bouncer = nil
 }
 
 // Append adds a segment at the end. It fails, rather than grow, when the Vec

@@ -55,7 +55,12 @@ func (v *Vec) WriteTo(fd int, off int64, n int) (int, error) {
 	for done < n {
 		covered := v.fill(n - done)
 		if covered == 0 {
-			return done, ErrUnmapped
+			b, err := v.bounce(fd, off+int64(done), n-done, false)
+			done += b
+			if err != nil || b == 0 {
+				return done, err
+			}
+			continue
 		}
 		w, err := vectored(unix.SYS_PWRITEV, fd, v.iov.v, off+int64(done))
 		if w > 0 {
@@ -83,7 +88,15 @@ func (v *Vec) ReadFrom(fd int, off int64, n int) (int, error) {
 	for done < n {
 		covered := v.fill(n - done)
 		if covered == 0 {
-			return done, ErrUnmapped
+			b, err := v.bounce(fd, off+int64(done), n-done, true)
+			done += b
+			if err != nil {
+				return done, err
+			}
+			if b == 0 {
+				break // end of file
+			}
+			continue
 		}
 		r, err := vectored(unix.SYS_PREADV, fd, v.iov.v, off+int64(done))
 		if r > 0 {
@@ -98,6 +111,47 @@ func (v *Vec) ReadFrom(fd int, off int64, n int) (int, error) {
 		}
 	}
 	return done, nil
+}
+
+// Bouncer moves data between a host file and guest memory the daemon
+// cannot map, by asking the VMM to do it (the FS_IO back-end request).
+type Bouncer interface {
+	// Bounce transfers the segments' bytes to (toGuest) or from the file
+	// at off and returns the bytes done; reads stop early at end of file.
+	Bounce(fd int, off int64, segs []Segment, toGuest bool) (int, error)
+}
+
+// SetBouncer lets WriteTo and ReadFrom move unmapped segments through b
+// (nil: they stop there with ErrUnmapped).
+func (v *Vec) SetBouncer(b Bouncer) { v.bouncer = b }
+
+// maxBounceSegs is how many unmapped segments go to the Bouncer per call.
+const maxBounceSegs = 8
+
+// bounce transfers the run of unmapped segments at the cursor (at most n
+// bytes) through the Bouncer and advances the cursor by what was done.
+func (v *Vec) bounce(fd int, off int64, n int, toGuest bool) (int, error) {
+	if v.bouncer == nil {
+		return 0, ErrUnmapped
+	}
+	var run [maxBounceSegs]Segment
+	cnt, size := 0, 0
+	for i, skip := v.seg, v.off; i < len(v.segs) && cnt < len(run) && size < n; i++ {
+		s := v.segs[i]
+		if s.Mapped() {
+			break
+		}
+		l := min(int(s.Len)-skip, n-size)
+		run[cnt] = Segment{GPA: s.GPA + uint64(skip), Len: uint32(l)}
+		cnt++
+		size += l
+		skip = 0
+	}
+	done, err := v.bouncer.Bounce(fd, off, run[:cnt], toGuest)
+	if done > 0 {
+		v.advance(done)
+	}
+	return done, err
 }
 
 // vectored issues one preadv/pwritev, retrying on EINTR. It uses the raw

@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -145,7 +144,6 @@ func NewBackend(cfg Config) (*Backend, error) {
 	if cfg.Tag != "" {
 		b.protoOffered |= protoConfig
 	}
-	b.backend.fd = -1
 	return b, nil
 }
 
@@ -298,6 +296,8 @@ func (b *Backend) handleSet(m *Message) error {
 			return fmt.Errorf("protocol features %#x were not offered", extra)
 		}
 		b.proto = v
+		const bounce = protoBackendReq | protoBackendSendFD | protoReplyAck
+		b.backend.usable.Store(v&bounce == bounce)
 		return nil
 	case reqSetMemTable:
 		return b.setMemTable(m)
@@ -531,29 +531,4 @@ func (b *Backend) getConfig(m *Message) ([]byte, error) {
 		copy(data, cfg[off:])
 	}
 	return append(reply, data...), nil
-}
-
-// BackendChannel is the socket for back-end-initiated requests
-// (SET_BACKEND_REQ_FD); the bounce path through the VMM uses it.
-type BackendChannel struct {
-	mu sync.Mutex
-	fd int
-}
-
-func (c *BackendChannel) set(fd int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.fd >= 0 {
-		unix.Close(c.fd)
-	}
-	c.fd = fd
-}
-
-func (c *BackendChannel) close() { c.set(-1) }
-
-// Available reports whether the front end gave us a channel.
-func (c *BackendChannel) Available() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.fd >= 0
 }

@@ -102,6 +102,11 @@ func (rn *runner) stop() {
 	if rn.kick != nil {
 		rn.kick.SetReadDeadline(time.Unix(1, 0)) // wake a blocked read
 	}
+	// A request waiting for the VMM (FS_IO) would wait forever: the VMM
+	// answers only after we answer the message that stops this ring.
+	b := rn.r.b
+	b.backend.abort()
+	defer b.backend.endAbort()
 	<-rn.done
 	for range rn.slots {
 		<-rn.free
@@ -198,6 +203,10 @@ func (rn *runner) drain() {
 		}
 		switch {
 		case err == nil:
+			if q.AllowsUnmapped() {
+				s.chain.Readable.SetBouncer(&r.b.backend)
+				s.chain.Writable.SetBouncer(&r.b.backend)
+			}
 			if s.classify != nil && s.classify.Heavy(s.chain.Readable) && r.b.takeWorker() {
 				rn.lend(s)
 				continue

@@ -70,6 +70,9 @@ func (r *vring) start() error {
 		AvailBase: r.base,
 		EventIdx:  r.b.acked&featEventIdx != 0,
 		Indirect:  r.b.acked&featIndirectDesc != 0,
+		// Buffers outside guest memory (a DAX window) can be bounced
+		// through the VMM only over a negotiated back-end channel.
+		AllowUnmapped: r.b.backend.bounceUsable(),
 	}, mem)
 	if err != nil {
 		return err

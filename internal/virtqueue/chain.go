@@ -19,11 +19,14 @@ type DescChain struct {
 	Readable *bufvec.Vec
 	Writable *bufvec.Vec
 
-	size      uint16       // ring size the chain was built for
-	mem       *GuestMemory // translation table for this chain's buffers
-	scratch   []byte       // copy of an indirect table that straddles regions
-	sawWrite  bool
-	byteCount uint64
+	size uint16 // ring size the chain was built for
+	// allowUnmapped keeps buffers outside guest memory as unmapped
+	// segments instead of refusing the chain (the bounce path is usable).
+	allowUnmapped bool
+	mem           *GuestMemory // translation table for this chain's buffers
+	scratch       []byte       // copy of an indirect table that straddles regions
+	sawWrite      bool
+	byteCount     uint64
 }
 
 // NewDescChain returns a chain able to hold any legal chain of a ring with
@@ -89,7 +92,19 @@ func (c *DescChain) addBuffer(addr uint64, n uint32, write bool) error {
 	for left := uint64(n); left > 0; {
 		b, ok := c.mem.Next(addr, left)
 		if !ok {
-			return fmt.Errorf("buffer %#x+%#x outside guest memory", addr, left)
+			if !c.allowUnmapped {
+				return fmt.Errorf("buffer %#x+%#x outside guest memory", addr, left)
+			}
+			// Memory the daemon cannot map (a DAX window): kept as an
+			// unmapped segment for the bounce through the VMM, which
+			// checks the address itself.
+			gap := c.mem.Gap(addr, left)
+			if err := v.Append(bufvec.Segment{GPA: addr, Len: uint32(gap)}); err != nil {
+				return err
+			}
+			addr += gap
+			left -= gap
+			continue
 		}
 		if err := v.Append(bufvec.Segment{Buf: b, GPA: addr, Len: uint32(len(b))}); err != nil {
 			return err

@@ -183,6 +183,21 @@ func (g *GuestMemory) Next(gpa, n uint64) ([]byte, bool) {
 	return r.host[off : off+c : off+c], true
 }
 
+// Gap returns how many of the n bytes from gpa lie outside every region
+// before the next region starts (n if none follows). It is 0 when gpa is
+// inside a region.
+func (g *GuestMemory) Gap(gpa, n uint64) uint64 {
+	if g.find(gpa) != nil {
+		return 0
+	}
+	rs := g.regions
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].GuestPhysAddr > gpa })
+	if i < len(rs) {
+		return min(n, rs[i].GuestPhysAddr-gpa)
+	}
+	return n
+}
+
 // UserSlice translates a front-end virtual address range, as used for ring
 // addresses, into host bytes; the range must lie in one region.
 func (g *GuestMemory) UserSlice(uva, n uint64) ([]byte, bool) {

@@ -66,15 +66,19 @@ type Config struct {
 	AvailBase uint16
 	EventIdx  bool
 	Indirect  bool
+	// AllowUnmapped accepts buffers outside guest memory as unmapped
+	// segments, for the FS_IO bounce through the VMM.
+	AllowUnmapped bool
 }
 
 // Queue is one split ring. Pop is for a single consumer goroutine; Push and
 // Notify may run concurrently from several goroutines (they serialize on a
 // lock private to this ring).
 type Queue struct {
-	size     uint16
-	eventIdx bool
-	indirect bool
+	size          uint16
+	eventIdx      bool
+	indirect      bool
+	allowUnmapped bool
 
 	ringMem *GuestMemory // reference held while the ring is set up
 	desc    []byte
@@ -113,7 +117,7 @@ func New(cfg Config, mem *GuestMemory) (*Queue, error) {
 	if mem == nil || !mem.TryGet() {
 		return nil, errors.New("no guest memory mapped")
 	}
-	q := &Queue{size: cfg.Size, eventIdx: cfg.EventIdx, indirect: cfg.Indirect, ringMem: mem, callFD: -1}
+	q := &Queue{size: cfg.Size, eventIdx: cfg.EventIdx, indirect: cfg.Indirect, allowUnmapped: cfg.AllowUnmapped, ringMem: mem, callFD: -1}
 	var ok1, ok2, ok3 bool
 	q.desc, ok1 = mem.UserSlice(cfg.DescAddr, descSize*n)
 	q.avail, ok2 = mem.UserSlice(cfg.AvailAddr, 6+2*n)
@@ -142,6 +146,9 @@ func (q *Queue) Close() {
 
 // Size returns the number of ring entries.
 func (q *Queue) Size() uint16 { return q.size }
+
+// AllowsUnmapped reports whether chains may hold unmapped segments.
+func (q *Queue) AllowsUnmapped() bool { return q.allowUnmapped }
 
 // LastAvail returns the index of the next avail entry Pop will take: the
 // value GET_VRING_BASE reports once the ring is stopped.
@@ -229,6 +236,7 @@ func (q *Queue) Pop(c *DescChain, mem *GuestMemory) (bool, error) {
 		binary.LittleEndian.PutUint16(q.used[4+8*int(q.size):], q.lastAvail)
 	}
 	c.reset(head, mem)
+	c.allowUnmapped = q.allowUnmapped
 	if head >= q.size {
 		return true, fmt.Errorf("%w: head %d, ring size %d", ErrBadHead, head, q.size)
 	}
