@@ -212,7 +212,12 @@ func (rn *runner) drain() {
 				continue
 			}
 			written := s.handler.Serve(s.chain.Readable, s.chain.Writable)
-			q.Push(s.chain.Head, written)
+			// Notify as soon as the guest asks (EVENT_IDX keeps that
+			// cheap): holding completions until the ring is empty let one
+			// slow request delay the replies already pushed.
+			if err := q.PushNotify(s.chain.Head, written); err != nil {
+				r.log().Warn("notify guest", "err", err)
+			}
 		case errors.Is(err, virtqueue.ErrBadChain):
 			rn.bad(err)
 			q.Push(s.chain.Head, 0)
