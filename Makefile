@@ -7,7 +7,8 @@
 #   make e2e        the guest boot tests alone (QEMU 7.2 + Linux, TCG)
 #   make e2e-full   the longer e2e matrix (run before resolving an issue)
 #   make fuzz       every fuzz target for FUZZTIME each (default 60s)
-#   make bench      benchmarks with -benchmem
+#   make bench      -benchmem microbenchmarks and the side-by-side run against
+#                   the reference virtiofsd (test/bench)
 
 export PATH := /usr/local/go/bin:$(PATH)
 GO      ?= go
@@ -69,8 +70,16 @@ fuzz:
 fuzz-short:
 	$(MAKE) fuzz FUZZTIME=10s
 
-bench:
+# bench: the -benchmem microbenchmarks, then the side-by-side run of
+# govirtiofsd and the reference C virtiofsd through the in-repo front end
+# (test/bench; needs root for the tmpfs share and the reference's
+# namespace sandbox; about 5 minutes). BENCHFLAGS are passed to it, e.g.
+# BENCHFLAGS='-rounds 1 -duration 1s' or '-configs ours,ref-pool0'.
+REF_VIRTIOFSD ?= /usr/lib/qemu/virtiofsd
+BENCHFLAGS ?=
+bench: build
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
+	$(GO) run ./test/bench/cmd -ours $(CURDIR)/$(BIN) -ref $(REF_VIRTIOFSD) $(BENCHFLAGS)
 
 clean:
 	rm -rf bin .cache

@@ -1,0 +1,64 @@
+package bench
+
+import (
+	"runtime"
+	"testing"
+	"time"
+)
+
+func TestHistQuantiles(t *testing.T) {
+	var h hist
+	for i := 1; i <= 1000; i++ {
+		h.add(int64(i) * 1000) // 1 µs .. 1 ms
+	}
+	for _, c := range []struct {
+		q    float64
+		want time.Duration
+	}{{0.5, 500 * time.Microsecond}, {0.99, 990 * time.Microsecond}, {1, time.Millisecond}} {
+		got := h.quantile(c.q)
+		if d := float64(got-c.want) / float64(c.want); d < -0.02 || d > 0.02 {
+			t.Errorf("quantile(%v) = %v, want %v ±2%%", c.q, got, c.want)
+		}
+	}
+	for v := uint64(0); v < 1<<30; v = v*3/2 + 1 {
+		i := histIndex(v)
+		if mid := histValue(i); mid+mid/50 < v || v+v/50+1 < mid {
+			t.Fatalf("value %d: bucket %d middle %d", v, i, mid)
+		}
+	}
+}
+
+// TestNullDevice drives the front end against the in-process null device:
+// every request completes, no interrupt is lost, and the request path
+// does not allocate.
+func TestNullDevice(t *testing.T) {
+	for _, w := range DefaultWorkloads() {
+		if !w.IsIO() {
+			continue
+		}
+		for _, nr := range []int{1, 2} {
+			tgt, stop, err := NullTarget(nr, 256, bufMiB(16, w.Size))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m0, m1 runtime.MemStats
+			res, err := Run(tgt, RunSpec{Workload: w, Depth: 16, Warmup: 10 * time.Millisecond, Duration: 100 * time.Millisecond,
+				OnStart: func() { runtime.ReadMemStats(&m0) },
+				OnStop:  func() { runtime.ReadMemStats(&m1) }})
+			stop()
+			if err != nil {
+				t.Fatalf("%s, %d rings: %v", w.Name, nr, err)
+			}
+			if res.Ops == 0 || res.Withheld != 0 {
+				t.Errorf("%s, %d rings: %d ops, %d withheld notifications", w.Name, nr, res.Ops, res.Withheld)
+			}
+			// The controller and watchdog allocate a little (timers,
+			// ReadMemStats); the rings' goroutines must not.
+			if per := float64(m1.Mallocs-m0.Mallocs) / float64(res.Ops); per > 0.01 && !raceEnabled {
+				t.Errorf("%s, %d rings: %.3f allocations per request", w.Name, nr, per)
+			}
+			t.Logf("%s, %d rings: %.0f req/s, %d allocations in %d requests", w.Name, nr,
+				float64(res.Ops)/res.Elapsed.Seconds(), m1.Mallocs-m0.Mallocs, res.Ops)
+		}
+	}
+}

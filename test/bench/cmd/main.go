@@ -1,0 +1,122 @@
+// Command bench runs the side-by-side benchmark of govirtiofsd and the
+// reference C virtiofsd through the in-repo test front end (see package
+// test/bench). It needs root (it mounts a tmpfs share; the reference
+// daemon's namespace sandbox needs it too).
+//
+//	go run ./test/bench/cmd -ours bin/govirtiofsd
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/govirtiofsd/govirtiofsd/test/bench"
+)
+
+func main() {
+	o := bench.SuiteOptions{Out: os.Stdout, Progress: os.Stderr}
+	flag.StringVar(&o.OursBin, "ours", "bin/govirtiofsd", "govirtiofsd binary")
+	flag.StringVar(&o.RefBin, "ref", "/usr/lib/qemu/virtiofsd", "reference virtiofsd binary")
+	flag.StringVar(&o.Share, "share", "", "share directory (default: a tmpfs mounted under the scratch dir)")
+	flag.DurationVar(&o.Warmup, "warmup", 400*time.Millisecond, "warm-up per run")
+	flag.DurationVar(&o.Duration, "duration", 1500*time.Millisecond, "measurement per run")
+	flag.IntVar(&o.Depth, "depth", 16, "requests in flight")
+	queueSize := flag.Uint("queue-size", 1024, "descriptors per ring")
+	fileMiB := flag.Uint64("file-mib", 256, "size of each of the 4 data files")
+	flag.IntVar(&o.Rounds, "rounds", 3, "rounds, configurations interleaved (the median is reported)")
+	workloads := flag.String("workloads", "", "substrings selecting workloads, separated by | (default all)")
+	configs := flag.String("configs", "", "comma-separated configuration names (default all: ours,ours-2q,ours-pool1,ref-pool0,ref-pool2,ref-pool1)")
+	flag.BoolVar(&o.RSS, "rss", true, "measure daemon memory")
+	flag.IntVar(&o.RSSDepth, "rss-depth", 64, "depth of the memory run")
+	flag.DurationVar(&o.RSSTime, "rss-duration", 2*time.Second, "length of the memory run")
+	flag.DurationVar(&o.Spin, "spin", 0, "poll the used ring this long before sleeping on the call eventfd")
+	flag.IntVar(&o.IrqDiv, "irq-div", 0, "ask for an interrupt after inflight/N completions (0: after the next one, as Linux does)")
+	flag.BoolVar(&o.Raw, "raw", false, "experimental: sleep on the call eventfd with a raw read(2) (no Go scheduler hand-off; a GC waits for the next completion)")
+	cpuprofile := flag.String("cpuprofile", "", "write the front end's CPU profile here")
+	null := flag.Bool("null", false, "measure the front end alone against an in-process null device, then exit")
+	flag.Parse()
+	o.QueueSize = uint16(*queueSize)
+	o.FileSize = *fileMiB << 20
+
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fatal(err)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
+	if *null {
+		if err := bench.NullSuite(os.Stdout, o.Depth, o.QueueSize, o.Warmup, o.Duration); err != nil {
+			fatal(err)
+		}
+		return
+	}
+	for _, w := range bench.DefaultWorkloads() {
+		if *workloads == "" || matchAny(w.Name, *workloads) {
+			o.Workloads = append(o.Workloads, w)
+		}
+	}
+	for _, c := range bench.DefaultConfigs() {
+		if *configs == "" || contains(strings.Split(*configs, ","), c.Name) {
+			o.Configs = append(o.Configs, c)
+		}
+	}
+	dir, err := os.MkdirTemp("", "govirtiofsd-bench-")
+	if err != nil {
+		fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	o.Dir = dir
+	// On ^C: unmount the share and remove the scratch directory (the
+	// daemons die with us: Pdeathsig).
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		<-sigs
+		pprof.StopCPUProfile()
+		unix.Unmount(filepath.Join(dir, "share"), unix.MNT_DETACH)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}()
+	start := time.Now()
+	_, err = bench.RunSuite(o)
+	fmt.Fprintf(os.Stderr, "total %v\n", time.Since(start).Round(time.Second))
+	if err != nil {
+		pprof.StopCPUProfile()
+		os.RemoveAll(dir)
+		fatal(err)
+	}
+}
+
+func matchAny(name, list string) bool {
+	for _, s := range strings.Split(list, "|") {
+		if s != "" && strings.Contains(name, s) {
+			return true
+		}
+	}
+	return false
+}
+
+func contains(l []string, s string) bool {
+	for _, x := range l {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "bench:", err)
+	os.Exit(1)
+}

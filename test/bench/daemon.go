@@ -1,0 +1,240 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Config is one daemon configuration of the side-by-side run.
+type Config struct {
+	Name  string
+	Ours  bool
+	Pool  int // --thread-pool-size; <0: not passed (the daemon's default)
+	Rings int // request rings the front end sets up
+}
+
+// Label is a short column heading.
+func (c Config) Label() string { return c.Name }
+
+// Args returns the daemon's command line (after the binary).
+func (c Config) Args(sock, share string) []string {
+	a := []string{"--socket-path=" + sock, "-o", "source=" + share, "-o", "cache=none"}
+	if c.Pool >= 0 {
+		a = append(a, "--thread-pool-size="+strconv.Itoa(c.Pool))
+	}
+	return a
+}
+
+// Daemon is a running back end.
+type Daemon struct {
+	Cfg  Config
+	Cmd  *exec.Cmd
+	Sock string
+	Log  string
+	done chan struct{}
+	// StopTime is how long the last Stop took.
+	StopTime time.Duration
+}
+
+// StartDaemon launches bin with cfg's arguments, logging to a file in dir.
+// Extra environment entries are appended to ours.
+func StartDaemon(cfg Config, bin, share, dir string, env []string) (*Daemon, error) {
+	sock := filepath.Join(dir, cfg.Name+".sock")
+	os.Remove(sock)
+	logPath := filepath.Join(dir, cfg.Name+".log")
+	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer lf.Close()
+	cmd := exec.Command(bin, cfg.Args(sock, share)...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.Env = append(os.Environ(), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	d := &Daemon{Cfg: cfg, Cmd: cmd, Sock: sock, Log: logPath, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(d.done) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if st, err := os.Stat(sock); err == nil && st.Mode()&os.ModeSocket != 0 {
+			return d, nil
+		}
+		select {
+		case <-d.done:
+			return nil, fmt.Errorf("%s exited at start-up (log %s): %s", cfg.Name, logPath, tail(logPath))
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			d.Stop()
+			return nil, fmt.Errorf("%s: no socket after 10 s", cfg.Name)
+		}
+	}
+}
+
+func tail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// Stop waits briefly for the daemon to exit by itself (ours does once the
+// front end disconnects; the reference takes longer), then terminates its
+// process group. It returns how long the daemon took to go.
+func (d *Daemon) Stop() time.Duration {
+	start := time.Now()
+	defer func() { d.StopTime = time.Since(start) }()
+	select {
+	case <-d.done:
+		return time.Since(start)
+	case <-time.After(300 * time.Millisecond):
+	}
+	unix.Kill(-d.Cmd.Process.Pid, unix.SIGTERM)
+	select {
+	case <-d.done:
+		return time.Since(start)
+	case <-time.After(2 * time.Second):
+	}
+	unix.Kill(-d.Cmd.Process.Pid, unix.SIGKILL)
+	<-d.done
+	return time.Since(start)
+}
+
+// Pids returns the daemon's process and all its descendants (the C
+// daemon's sandboxed child in namespace mode).
+func (d *Daemon) Pids() []int {
+	root := d.Cmd.Process.Pid
+	parent := map[int]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		f := statFields(b)
+		if len(f) > 2 {
+			pp, _ := strconv.Atoi(f[1])
+			parent[pid] = pp
+		}
+	}
+	var out []int
+	for pid := range parent {
+		for p := pid; p > 1; p = parent[p] {
+			if p == root {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out
+}
+
+// statFields returns the fields of /proc/PID/stat after the command name
+// (field 3, state, is index 0).
+func statFields(b []byte) []string {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
+}
+
+// Mem is a daemon's memory, summed over its processes, in KiB.
+type Mem struct{ RssAnon, RssShmem, RssFile, Procs, Threads int }
+
+// Memory reads RssAnon, RssShmem and RssFile of every process.
+func (d *Daemon) Memory() Mem {
+	var m Mem
+	for _, pid := range d.Pids() {
+		f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			continue
+		}
+		m.Procs++
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			k, v, ok := strings.Cut(sc.Text(), ":")
+			if !ok {
+				continue
+			}
+			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			switch k {
+			case "RssAnon":
+				m.RssAnon += n
+			case "RssShmem":
+				m.RssShmem += n
+			case "RssFile":
+				m.RssFile += n
+			case "Threads":
+				m.Threads += n
+			}
+		}
+		f.Close()
+	}
+	return m
+}
+
+// CPU returns user+system time of the daemon's processes so far.
+func (d *Daemon) CPU() time.Duration {
+	var ticks int64
+	for _, pid := range d.Pids() {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		f := statFields(b)
+		if len(f) > 12 {
+			u, _ := strconv.ParseInt(f[11], 10, 64) // utime (field 14)
+			s, _ := strconv.ParseInt(f[12], 10, 64) // stime (field 15)
+			ticks += u + s
+		}
+	}
+	return time.Duration(ticks) * time.Second / 100 // USER_HZ
+}
+
+// selfCPU is this process's user+system time.
+func selfCPU() time.Duration {
+	var ru unix.Rusage
+	unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// systemCPU is the busy time of all CPUs (user, nice, system, irq,
+// softirq, steal) from /proc/stat.
+func systemCPU() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	var busy int64
+	for i, v := range f[1:] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		if i >= 8 { // guest time is already in user
+			break
+		}
+		n, _ := strconv.ParseInt(v, 10, 64)
+		busy += n
+	}
+	return time.Duration(busy) * time.Second / 100
+}

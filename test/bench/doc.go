@@ -1,0 +1,40 @@
+// Package bench is the side-by-side benchmark of govirtiofsd and the
+// reference C virtiofsd (make bench; the command is test/bench/cmd).
+//
+// Each daemon configuration (ours by default, ours with 2 request rings,
+// ours and the reference with --thread-pool-size 0/1/2) is started in
+// turn on a tmpfs share with cache=none, a fresh daemon per run, the
+// configurations interleaved per workload and the whole set repeated for
+// a few rounds (the median is reported). test/vmm plays QEMU: Device.Start
+// with the real start-up message flow, INIT, LOOKUP and OPEN of the data
+// files through a vmm.Session. Then TakeoverAll replays a VM pause and
+// resume (GET_VRING_BASE, then NUM/BASE/ADDR/KICK/ENABLE/CALL at the same
+// base) to hand every ring to a Ring with its own kick and call eventfds,
+// and one goroutine per ring (locked to its thread, as a vCPU) keeps the
+// requests in flight:
+//
+//   - requests are laid out once per slot the way Linux's virtio_fs does
+//     (in header, in args, one descriptor per 4 KiB data page, out header,
+//     out args; one indirect descriptor), data pages shuffled so that no
+//     two consecutive segments are adjacent in guest memory; a request
+//     costs the front end a few stores (unique, node id, fh, offset);
+//   - completions are reaped as they come and the freed slots resubmitted
+//     at once; kicks follow vring_need_event on avail_event (one decision
+//     per batch); the goroutine sleeps in read(2) on the call eventfd after
+//     setting used_event to the last seen index, as virtqueue_enable_cb;
+//   - nothing allocates on that path (TestNullDevice checks it), and an
+//     in-process null device (bench -null) measures the front end alone.
+//
+// A watchdog counts stalls: waits of half a second or more although the
+// awaited completions are in the used ring, split into notification
+// withheld by the daemon (call eventfd not signalled, thread still in
+// read) and front end not scheduled (eventfd signalled). It never wakes
+// the front end itself; a daemon that loses a notification for good makes
+// the run fail after 15 s with the rings' state.
+//
+// Per run it reports throughput, p50/p99 latency (submission to reap), the
+// CPU used by the daemon, the front end and everything else on the
+// machine (/proc/stat), kicks and sleeps per request; and per daemon the
+// RssAnon summed over its processes, idle after INIT and after a 1 MiB
+// write run at depth 64.
+package bench

@@ -1,0 +1,365 @@
+package bench
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/govirtiofsd/govirtiofsd/test/vmm"
+)
+
+var le = binary.LittleEndian
+
+// Ring is a lean driver side of one split virtqueue, for throughput runs:
+// it takes over a ring that test/vmm set up (vmm.Device.Start) once the
+// ring is idle, and from then on owns it. Unlike vmm.Queue it never
+// allocates on the request path, keeps no per-chain map or channel, and
+// is driven by a single goroutine that both submits and reaps:
+//
+//   - heads are the caller's slot numbers (descriptor i is slot i's head,
+//     pointing at the slot's indirect table, as Linux does when
+//     INDIRECT_DESC is negotiated);
+//   - Add writes avail.ring entries, Publish stores {flags, idx} with one
+//     atomic 32-bit store and decides whether to kick as
+//     virtqueue_kick_prepare does (EVENT_IDX: vring_need_event against
+//     avail_event), so a batch of requests costs at most one kick;
+//   - Next walks the used ring; Wait sets used_event to the last seen used
+//     index (virtqueue_enable_cb), re-checks, and blocks in read(2) on the
+//     ring's call eventfd, which this Ring created and sent with
+//     SET_VRING_CALL (a guest unmasking its vector).
+type Ring struct {
+	Index  int
+	size   uint16
+	mask   uint16
+	desc   []byte
+	avail  []byte
+	used   []byte
+	kickFd int // non-blocking eventfd, ours
+	call   int // blocking eventfd, ours
+	one    [8]byte
+
+	eventIdx bool
+	availIdx uint16
+	pending  uint16 // published since the last kick decision
+	lastUsed uint16
+	buf8     [8]byte
+
+	// Spin is how long Wait polls used.idx before sleeping.
+	Spin time.Duration
+	// Raw sleeps in read(2) without telling the Go scheduler (no P
+	// hand-off, no extra thread wake-ups).
+	Raw      bool
+	lastWait time.Duration
+
+	// For the watchdog: what a sleeping Wait waits for.
+	asleep atomic.Bool
+	tid    atomic.Int32  // the driving goroutine's thread
+	sleep  atomic.Uint32 // last seen used index << 16 | used_event
+	// Stalls the watchdog saw (see Run).
+	Withheld, Starved atomic.Uint64
+
+	// Counters (owned by the driving goroutine).
+	Spins   uint64 // waits satisfied while polling
+	Kicks   uint64 // kick eventfd writes
+	Sleeps  uint64 // blocking waits on the call eventfd
+	Wakeups uint64 // call eventfd reads that returned
+}
+
+// TakeoverAll makes every ring of dev a Ring. The rings must be idle
+// (nothing in flight). It replays what QEMU does when a paused VM resumes
+// (vhost_dev_stop, then vhost_dev_start): SET_VRING_ENABLE 0 and
+// GET_VRING_BASE on every ring (dev.Stop), then per ring SET_VRING_NUM,
+// SET_VRING_BASE at the returned base, SET_VRING_ADDR of the same ring
+// and SET_VRING_KICK with a kick eventfd owned by the Ring, then
+// SET_VRING_ENABLE 1 and SET_VRING_CALL with the Ring's call eventfd. It
+// ends with a GET_FEATURES round trip, so the back end has processed every
+// message before the first request. From then on the vmm.Queue objects
+// are idle (their interrupt handlers listen on call fds nobody signals).
+func TakeoverAll(dev *vmm.Device) ([]*Ring, error) {
+	for i, q := range dev.Queues {
+		if n := q.InFlight(); n != 0 {
+			return nil, fmt.Errorf("bench: ring %d has %d chains in flight", i, n)
+		}
+	}
+	bases, err := dev.Stop()
+	if err != nil {
+		return nil, err
+	}
+	c := dev.Conn
+	var rings []*Ring
+	fail := func(err error) ([]*Ring, error) {
+		for _, r := range rings {
+			r.Close()
+		}
+		return nil, err
+	}
+	for i, q := range dev.Queues {
+		if bases[i] != uint32(q.AvailIdx()) {
+			return fail(fmt.Errorf("bench: ring %d: GET_VRING_BASE %d, but avail.idx is %d", i, bases[i], q.AvailIdx()))
+		}
+		r, err := newRing(dev.Mem, q, dev.Negotiated(vmm.FEventIdx))
+		if err != nil {
+			return fail(err)
+		}
+		rings = append(rings, r)
+		a, err := q.VringAddr()
+		if err != nil {
+			return fail(err)
+		}
+		if err := errors.Join(c.SetVringNum(uint32(i), uint32(r.size)), c.SetVringBase(uint32(i), bases[i]),
+			c.SetVringAddr(a), c.SetVringKick(uint32(i), r.kickFd)); err != nil {
+			return fail(err)
+		}
+	}
+	if dev.Negotiated(vmm.FProtocolFeatures) {
+		for i := range rings {
+			if err := c.SetVringEnable(uint32(i), true); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	for i, r := range rings {
+		if err := c.SetVringCall(uint32(i), r.call); err != nil {
+			return fail(err)
+		}
+	}
+	if _, err := c.GetFeatures(); err != nil {
+		return fail(err)
+	}
+	return rings, nil
+}
+
+func newRing(mem *vmm.Memory, q *vmm.Queue, eventIdx bool) (*Ring, error) {
+	size := q.Size()
+	if size == 0 || size&(size-1) != 0 {
+		return nil, fmt.Errorf("bench: ring size %d is not a power of two", size)
+	}
+	a := q.Addrs()
+	dl, al, ul := vmm.RingBytes(size)
+	r := &Ring{Index: q.Index, size: size, mask: size - 1, eventIdx: eventIdx,
+		availIdx: q.AvailIdx(), lastUsed: q.LastUsed(), kickFd: -1, call: -1}
+	var err error
+	if r.desc, err = mem.Slice(a.Desc, dl); err != nil {
+		return nil, err
+	}
+	if r.avail, err = mem.Slice(a.Avail, al); err != nil {
+		return nil, err
+	}
+	// vmm allocates 4 bytes of slack after the used ring for the aligned
+	// word holding avail_event.
+	if r.used, err = mem.Slice(a.Used, ul+4); err != nil {
+		return nil, err
+	}
+	if a.Avail%4 != 0 || a.Used%4 != 0 {
+		return nil, errors.New("bench: avail and used rings must be 4-byte aligned")
+	}
+	if r.call, err = unix.Eventfd(0, unix.EFD_CLOEXEC); err != nil {
+		return nil, err
+	}
+	if r.kickFd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
+		r.Close()
+		return nil, err
+	}
+	le.PutUint64(r.one[:], 1)
+	return r, nil
+}
+
+// Close closes the eventfds.
+func (r *Ring) Close() {
+	for _, p := range []*int{&r.call, &r.kickFd} {
+		if *p >= 0 {
+			unix.Close(*p)
+			*p = -1
+		}
+	}
+}
+
+// kick writes the kick eventfd.
+func (r *Ring) kick() error {
+	_, err := unix.Write(r.kickFd, r.one[:])
+	if err == unix.EAGAIN { // counter saturated: the back end has a kick pending anyway
+		err = nil
+	}
+	return err
+}
+
+// Size is the number of descriptors.
+func (r *Ring) Size() uint16 { return r.size }
+
+// SetDesc writes descriptor i.
+func (r *Ring) SetDesc(i uint16, d vmm.Desc) {
+	b := r.desc[int(i)*vmm.DescSize:]
+	le.PutUint64(b, d.Addr)
+	le.PutUint32(b[8:], d.Len)
+	le.PutUint16(b[12:], d.Flags)
+	le.PutUint16(b[14:], d.Next)
+}
+
+// Add puts head in the next avail slot without publishing it.
+func (r *Ring) Add(head uint16) {
+	le.PutUint16(r.avail[4+2*int(r.availIdx&r.mask):], head)
+	r.availIdx++
+	r.pending++
+}
+
+// Publish makes the added heads visible and kicks if the device asked for
+// it. The atomic store is a full barrier (XCHG on amd64), so the read of
+// avail_event that follows is ordered after it.
+func (r *Ring) Publish() error {
+	if r.pending == 0 {
+		return nil
+	}
+	w := (*uint32)(unsafe.Pointer(&r.avail[0]))
+	flags := atomic.LoadUint32(w) & 0xffff
+	atomic.StoreUint32(w, flags|uint32(r.availIdx)<<16)
+	old := r.availIdx - r.pending
+	r.pending = 0
+	var kick bool
+	if r.eventIdx {
+		kick = vmm.NeedEvent(r.availEvent(), r.availIdx, old)
+	} else {
+		kick = r.usedFlags()&vmm.UsedNoNotify == 0
+	}
+	if !kick {
+		return nil
+	}
+	r.Kicks++
+	return r.kick()
+}
+
+func (r *Ring) usedWord() uint32 { return atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.used[0]))) }
+
+func (r *Ring) usedIdx() uint16   { return uint16(r.usedWord() >> 16) }
+func (r *Ring) usedFlags() uint16 { return uint16(r.usedWord()) }
+
+func (r *Ring) availEvent() uint16 {
+	return uint16(atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.used[4+8*int(r.size)]))))
+}
+
+// setUsedEvent stores used_event (the low half of an aligned word whose
+// high half is padding before the used ring) with a full barrier.
+func (r *Ring) setUsedEvent(v uint16) {
+	w := (*uint32)(unsafe.Pointer(&r.avail[4+2*int(r.size)]))
+	for {
+		old := atomic.LoadUint32(w)
+		if atomic.CompareAndSwapUint32(w, old, old&^0xffff|uint32(v)) {
+			return
+		}
+	}
+}
+
+// Next returns the next used element, if the device has published one
+// since the last call.
+func (r *Ring) Next() (id, n uint32, ok bool) {
+	if r.lastUsed == r.usedIdx() {
+		return 0, 0, false
+	}
+	e := r.used[4+8*int(r.lastUsed&r.mask):]
+	r.lastUsed++
+	return le.Uint32(e), le.Uint32(e[4:]), true
+}
+
+// HasUsed reports whether used elements are waiting.
+func (r *Ring) HasUsed() bool { return r.usedIdx() != r.lastUsed }
+
+// Wait blocks until a used element is waiting: it first polls used.idx
+// for up to Spin, then asks for an interrupt once batch more elements
+// have been used (EVENT_IDX: used_event = last seen + batch - 1; batch 1
+// is Linux's virtqueue_enable_cb; without EVENT_IDX at the next one),
+// re-checks used.idx after that full barrier, and sleeps on the call
+// eventfd. batch must not exceed the requests in flight.
+func (r *Ring) Wait(batch int) error {
+	if r.HasUsed() {
+		return nil
+	}
+	var start time.Time
+	if r.Spin > 0 {
+		// Adaptive: poll only while completions have recently come
+		// within the spin window (a 4 KiB stream), not when they take
+		// longer (1 MiB requests), where it would only burn a CPU the
+		// back end may need.
+		start = time.Now()
+		if r.lastWait < r.Spin {
+			deadline := start.Add(r.Spin)
+			for i := 1; ; i++ {
+				if r.HasUsed() {
+					r.Spins++
+					r.lastWait = time.Since(start)
+					return nil
+				}
+				if i%64 == 0 && time.Now().After(deadline) {
+					break
+				}
+			}
+		}
+		defer func() { r.lastWait = time.Since(start) }()
+	}
+	ev := r.lastUsed
+	if batch > 1 {
+		ev += uint16(batch - 1)
+	}
+	for {
+		if r.eventIdx {
+			r.setUsedEvent(ev)
+		}
+		if r.usedIdx()-r.lastUsed > ev-r.lastUsed {
+			return nil
+		}
+		r.Sleeps++
+		r.sleep.Store(uint32(r.lastUsed)<<16 | uint32(ev))
+		r.asleep.Store(true)
+		var err error
+		if r.Raw {
+			_, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(r.call), uintptr(unsafe.Pointer(&r.buf8[0])), 8)
+			if e != 0 {
+				err = e
+			}
+		} else {
+			_, err = unix.Read(r.call, r.buf8[:])
+		}
+		r.asleep.Store(false)
+		if err != nil {
+			if err == unix.EINTR {
+				continue
+			}
+			return err
+		}
+		r.Wakeups++
+		if r.HasUsed() {
+			return nil
+		}
+	}
+}
+
+// Interrupt wakes a goroutine blocked in Wait (used to abort a run).
+func (r *Ring) Interrupt() {
+	var b [8]byte
+	le.PutUint64(b[:], 1)
+	unix.Write(r.call, b[:])
+}
+
+// Diag describes the ring's state for an error message. It reads the
+// driver's fields without synchronisation: call it only when the driving
+// goroutine is stuck.
+func (r *Ring) Diag() string {
+	usedEvent := uint16(atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.avail[4+2*int(r.size)]))))
+	return fmt.Sprintf("ring %d: avail.idx %d, used.idx %d (driver saw %d), used_event %d, avail_event %d, used.flags %#x, kicks %d, sleeps %d, wakeups %d",
+		r.Index, r.availIdx, r.usedIdx(), r.lastUsed, usedEvent, r.availEvent(), r.usedFlags(), r.Kicks, r.Sleeps, r.Wakeups)
+}
+
+// checkLost is the watchdog's probe: if Wait sleeps although the elements
+// it waits for were used, it reports true (the caller re-checks after a
+// while, then calls Interrupt).
+func (r *Ring) checkLost() bool {
+	if !r.asleep.Load() {
+		return false
+	}
+	v := r.sleep.Load()
+	last, ev := uint16(v>>16), uint16(v)
+	return r.usedIdx()-last > ev-last
+}

@@ -1,0 +1,444 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultWorkloads is the side-by-side set.
+func DefaultWorkloads() []Workload {
+	return []Workload{
+		{Name: "write 1M seq, 1 file", Kind: SeqWrite, Size: 1 << 20, Files: 1},
+		{Name: "write 1M seq, 4 files", Kind: SeqWrite, Size: 1 << 20, Files: 4},
+		{Name: "read 1M seq, 1 file", Kind: SeqRead, Size: 1 << 20, Files: 1},
+		{Name: "read 1M seq, 4 files", Kind: SeqRead, Size: 1 << 20, Files: 4},
+		{Name: "randwrite 4k, 4 files", Kind: RandWrite, Size: 4 << 10, Files: 4},
+		{Name: "randread 4k, 4 files", Kind: RandRead, Size: 4 << 10, Files: 4},
+		{Name: "create/getattr/release/unlink", Kind: Meta},
+	}
+}
+
+// DefaultConfigs is the side-by-side set of daemon configurations. The
+// first is ours by default; the reference's best is taken over
+// RefCompared.
+func DefaultConfigs() []Config {
+	return []Config{
+		{Name: "ours", Ours: true, Pool: -1, Rings: 1},
+		{Name: "ours-2q", Ours: true, Pool: -1, Rings: 2},
+		{Name: "ours-pool1", Ours: true, Pool: 1, Rings: 1},
+		{Name: "ref-pool0", Pool: 0, Rings: 1},
+		{Name: "ref-pool2", Pool: 2, Rings: 1},
+		{Name: "ref-pool1", Pool: 1, Rings: 1},
+	}
+}
+
+// RefCompared are the reference settings whose best is the bar.
+var RefCompared = []string{"ref-pool0", "ref-pool2"}
+
+// SuiteOptions configure a side-by-side run.
+type SuiteOptions struct {
+	OursBin   string
+	RefBin    string
+	Dir       string // scratch directory (sockets, logs, the tmpfs share)
+	Share     string // share directory; empty: a tmpfs mounted under Dir
+	Warmup    time.Duration
+	Duration  time.Duration
+	Depth     int
+	QueueSize uint16
+	FileSize  uint64
+	Rounds    int
+	Workloads []Workload
+	Configs   []Config
+	RSS       bool
+	RSSDepth  int
+	RSSTime   time.Duration
+	Spin      time.Duration
+	IrqDiv    int
+	Raw       bool
+	OursEnv   []string
+	Out       io.Writer
+	Progress  io.Writer
+	// Hook, if set, runs at the start and end of each measurement with
+	// the daemon (e.g. to profile it).
+	OnStart, OnStop func(d *Daemon, w Workload)
+}
+
+// Cell is one configuration's result on one workload.
+type Cell struct {
+	Res       *Result
+	DaemonCPU time.Duration
+	Err       error
+}
+
+// SuiteResult holds every figure.
+type SuiteResult struct {
+	Opts      SuiteOptions
+	Cells     map[string]map[string][]Cell // workload -> config -> rounds
+	Idle      map[string]Mem
+	AfterLoad map[string]Mem
+	LoadRate  map[string]float64
+	Errors    []error
+}
+
+const dataFiles = 4
+
+func dataName(i int) string { return fmt.Sprintf("data%d", i) }
+
+// prepareShare creates the share (a fresh tmpfs if possible) and the data
+// files, and returns a cleanup function.
+func prepareShare(o *SuiteOptions) (func(), error) {
+	cleanup := func() {}
+	if o.Share == "" {
+		o.Share = filepath.Join(o.Dir, "share")
+		if err := os.MkdirAll(o.Share, 0o755); err != nil {
+			return nil, err
+		}
+		size := fmt.Sprintf("size=%d", dataFiles*o.FileSize+512<<20)
+		if err := unix.Mount("tmpfs", o.Share, "tmpfs", 0, size+",mode=0755"); err == nil {
+			share := o.Share
+			cleanup = func() { unix.Unmount(share, unix.MNT_DETACH) }
+		} else {
+			// Not allowed to mount: use /dev/shm, a tmpfs too.
+			dir, err2 := os.MkdirTemp("/dev/shm", "govirtiofsd-bench-")
+			if err2 != nil {
+				return nil, fmt.Errorf("mount tmpfs: %v; /dev/shm: %v", err, err2)
+			}
+			o.Share = dir
+			cleanup = func() { os.RemoveAll(dir) }
+		}
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(o.Share, &st); err == nil && st.Type != unix.TMPFS_MAGIC {
+		fmt.Fprintf(o.Progress, "warning: share %s is not a tmpfs\n", o.Share)
+	}
+	chunk := make([]byte, 1<<20)
+	for i := range chunk {
+		chunk[i] = byte(i*13 + 1)
+	}
+	for i := range dataFiles {
+		f, err := os.Create(filepath.Join(o.Share, dataName(i)))
+		if err != nil {
+			cleanup()
+			return nil, err
+		}
+		for off := uint64(0); off < o.FileSize; off += uint64(len(chunk)) {
+			if _, err := f.Write(chunk); err != nil {
+				f.Close()
+				cleanup()
+				return nil, err
+			}
+		}
+		f.Close()
+	}
+	return cleanup, nil
+}
+
+// cleanShare removes everything but the data files (files a failed
+// metadata run left behind).
+func cleanShare(share string) {
+	ents, _ := os.ReadDir(share)
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), "data") {
+			os.RemoveAll(filepath.Join(share, e.Name()))
+		}
+	}
+}
+
+func (o *SuiteOptions) bin(c Config) string {
+	if c.Ours {
+		return o.OursBin
+	}
+	return o.RefBin
+}
+
+func (o *SuiteOptions) env(c Config) []string {
+	if c.Ours {
+		return o.OursEnv
+	}
+	return nil
+}
+
+func (o *SuiteOptions) files() []string {
+	var f []string
+	for i := range dataFiles {
+		f = append(f, dataName(i))
+	}
+	return f
+}
+
+// bufMiB is the guest memory needed for depth requests of size bytes.
+func bufMiB(depth, size int) uint64 {
+	pages := uint64(depth) * uint64((size+4095)/4096+2)
+	return max(64, (pages*4096*3/2)>>20+16)
+}
+
+// runOne starts c's daemon, connects, runs w and stops the daemon.
+func (o *SuiteOptions) runOne(c Config, w Workload, tag string) Cell {
+	d, err := StartDaemon(c, o.bin(c), o.Share, o.Dir, o.env(c))
+	if err != nil {
+		return Cell{Err: err}
+	}
+	defer d.Stop()
+	size := max(w.Size, 4096)
+	t, err := Connect(d.Sock, TargetOptions(c.Rings, o.QueueSize, bufMiB(o.Depth, size)), o.files(), o.FileSize)
+	if err != nil {
+		return Cell{Err: fmt.Errorf("%s: %w (log: %s)", c.Name, err, tail(d.Log))}
+	}
+	defer t.Close()
+	var cpu0, cpu1 time.Duration
+	res, err := Run(t, RunSpec{Workload: w, Depth: o.Depth, Warmup: o.Warmup, Duration: o.Duration,
+		Prefix: tag, Spin: o.Spin, IrqDiv: o.IrqDiv, Raw: o.Raw, DebugPids: d.Pids,
+		OnStart: func() {
+			if o.OnStart != nil {
+				o.OnStart(d, w)
+			}
+			cpu0 = d.CPU()
+		},
+		OnStop: func() {
+			cpu1 = d.CPU()
+			if o.OnStop != nil {
+				o.OnStop(d, w)
+			}
+		}})
+	if err != nil {
+		return Cell{Err: fmt.Errorf("%s / %s: %w", c.Name, w.Name, err)}
+	}
+	res.OtherCPU -= cpu1 - cpu0
+	if res.Withheld+res.Starved > 0 {
+		fmt.Fprintf(o.Progress, "note: %s / %s: stalls of 0.5 s or more: %d with the notification withheld by the daemon, %d with the front end not scheduled\n",
+			c.Name, w.Name, res.Withheld, res.Starved)
+	}
+	return Cell{Res: res, DaemonCPU: cpu1 - cpu0}
+}
+
+// rssOne measures c's daemon idle after INIT and after a 1 MiB write run
+// at RSSDepth.
+func (o *SuiteOptions) rssOne(c Config) (idle, after Mem, rate float64, err error) {
+	d, err := StartDaemon(c, o.bin(c), o.Share, o.Dir, o.env(c))
+	if err != nil {
+		return idle, after, 0, err
+	}
+	defer d.Stop()
+	w := Workload{Name: "write 1M seq, 4 files", Kind: SeqWrite, Size: 1 << 20, Files: 4}
+	t, err := Connect(d.Sock, TargetOptions(c.Rings, o.QueueSize, bufMiB(o.RSSDepth, w.Size)), o.files(), o.FileSize)
+	if err != nil {
+		return idle, after, 0, err
+	}
+	defer t.Close()
+	time.Sleep(300 * time.Millisecond)
+	idle = d.Memory()
+	res, err := Run(t, RunSpec{Workload: w, Depth: o.RSSDepth, Warmup: 200 * time.Millisecond, Duration: o.RSSTime,
+		Spin: o.Spin, IrqDiv: o.IrqDiv, Raw: o.Raw})
+	if err != nil {
+		return idle, after, 0, err
+	}
+	time.Sleep(300 * time.Millisecond)
+	after = d.Memory()
+	return idle, after, res.Rate(w), nil
+}
+
+// RunSuite runs every workload on every configuration (configurations
+// interleaved per workload, a fresh daemon per run), then the memory
+// measurements, and prints the tables.
+func RunSuite(o SuiteOptions) (*SuiteResult, error) {
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	cleanup, err := prepareShare(&o)
+	if err != nil {
+		return nil, err
+	}
+	defer cleanup()
+	sr := &SuiteResult{Opts: o, Cells: map[string]map[string][]Cell{}, Idle: map[string]Mem{},
+		AfterLoad: map[string]Mem{}, LoadRate: map[string]float64{}}
+	n := 0
+	for round := range o.Rounds {
+		for _, w := range o.Workloads {
+			if sr.Cells[w.Name] == nil {
+				sr.Cells[w.Name] = map[string][]Cell{}
+			}
+			for _, c := range o.Configs {
+				n++
+				cell := o.runOne(c, w, fmt.Sprintf("m%d", n))
+				cleanShare(o.Share)
+				sr.Cells[w.Name][c.Name] = append(sr.Cells[w.Name][c.Name], cell)
+				if cell.Err != nil {
+					sr.Errors = append(sr.Errors, cell.Err)
+					fmt.Fprintf(o.Progress, "round %d  %-30s %-11s ERROR %v\n", round+1, w.Name, c.Name, cell.Err)
+					continue
+				}
+				r := cell.Res
+				el := r.Elapsed.Seconds()
+				fmt.Fprintf(o.Progress, "round %d  %-30s %-11s %10.0f %-5s p50 %-9v p99 %-9v CPUs: daemon %.2f front %.2f others %.2f; per req: kicks %.3f sleeps %.3f spins %.3f\n",
+					round+1, w.Name, c.Name, r.Rate(w), w.Unit(), r.Lat.quantile(0.5).Round(time.Microsecond),
+					r.Lat.quantile(0.99).Round(time.Microsecond),
+					cell.DaemonCPU.Seconds()/el, r.FrontCPU.Seconds()/el, r.OtherCPU.Seconds()/el,
+					float64(r.Kicks)/float64(r.AllOps), float64(r.Sleeps)/float64(r.AllOps), float64(r.Spins)/float64(r.AllOps))
+			}
+		}
+	}
+	if o.RSS {
+		for _, c := range o.Configs {
+			idle, after, rate, err := o.rssOne(c)
+			if err != nil {
+				sr.Errors = append(sr.Errors, fmt.Errorf("memory %s: %w", c.Name, err))
+				fmt.Fprintf(o.Progress, "memory %-11s ERROR %v\n", c.Name, err)
+				continue
+			}
+			sr.Idle[c.Name], sr.AfterLoad[c.Name], sr.LoadRate[c.Name] = idle, after, rate
+			fmt.Fprintf(o.Progress, "memory %-11s idle RssAnon %d KiB, after depth-%d 1M writes (%.0f MB/s) %d KiB\n",
+				c.Name, idle.RssAnon, o.RSSDepth, rate, after.RssAnon)
+		}
+	}
+	sr.Print(o.Out)
+	return sr, errors.Join(sr.Errors...)
+}
+
+// median returns the cell with the median rate among successful rounds.
+func median(cells []Cell, w Workload) *Cell {
+	var ok []*Cell
+	for i := range cells {
+		if cells[i].Err == nil {
+			ok = append(ok, &cells[i])
+		}
+	}
+	if len(ok) == 0 {
+		return nil
+	}
+	sort.Slice(ok, func(a, b int) bool { return ok[a].Res.Rate(w) < ok[b].Res.Rate(w) })
+	return ok[len(ok)/2]
+}
+
+func fmtRate(v float64, unit string) string {
+	switch unit {
+	case "MB/s":
+		return fmt.Sprintf("%.0f MB/s", v)
+	default:
+		return fmt.Sprintf("%.1fk %s", v/1000, unit)
+	}
+}
+
+func fmtDur(d time.Duration) string {
+	switch {
+	case d >= 10*time.Millisecond:
+		return fmt.Sprintf("%.0fms", d.Seconds()*1e3)
+	case d >= time.Millisecond:
+		return fmt.Sprintf("%.2fms", d.Seconds()*1e3)
+	}
+	return fmt.Sprintf("%.0fµs", d.Seconds()*1e6)
+}
+
+// Print writes the tables.
+func (sr *SuiteResult) Print(out io.Writer) {
+	o := sr.Opts
+	fmt.Fprintf(out, "\nDirect front end (test/vmm rings, indirect descriptors, one per 4 KiB page, EVENT_IDX), tmpfs share, cache=none,\n"+
+		"depth %d in total (spread over the request rings), %v per run after %v warm-up, median of %d round(s); MB = 10^6 bytes.\n"+
+		"ratio = ours (default settings) / best of %s; 2q = ours with 2 request rings / the same best.\n\n",
+		o.Depth, o.Duration, o.Warmup, o.Rounds, strings.Join(RefCompared, ", "))
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	hdr := []string{"workload"}
+	for _, c := range o.Configs {
+		hdr = append(hdr, c.Name)
+	}
+	hdr = append(hdr, "ratio", "2q ratio", "vs ref-pool0")
+	fmt.Fprintln(tw, strings.Join(hdr, "\t")+"\t")
+	for _, w := range o.Workloads {
+		row := []string{w.Name}
+		rate := map[string]float64{}
+		for _, c := range o.Configs {
+			m := median(sr.Cells[w.Name][c.Name], w)
+			if m == nil {
+				row = append(row, "error")
+				continue
+			}
+			rate[c.Name] = m.Res.Rate(w)
+			row = append(row, fmtRate(rate[c.Name], w.Unit()))
+		}
+		best := 0.0
+		for _, n := range RefCompared {
+			best = max(best, rate[n])
+		}
+		ratio := func(n string, base float64) string {
+			if v, ok := rate[n]; ok && base > 0 {
+				return fmt.Sprintf("%.2fx", v/base)
+			}
+			return "-"
+		}
+		row = append(row, ratio("ours", best), ratio("ours-2q", best), ratio("ours", rate["ref-pool0"]))
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	tw.Flush()
+
+	fmt.Fprintf(out, "\nLatency p50 / p99 (submission to reap)\n\n")
+	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, strings.Join(hdr[:len(o.Configs)+1], "\t")+"\t")
+	for _, w := range o.Workloads {
+		row := []string{w.Name}
+		for _, c := range o.Configs {
+			m := median(sr.Cells[w.Name][c.Name], w)
+			if m == nil {
+				row = append(row, "error")
+				continue
+			}
+			row = append(row, fmtDur(m.Res.Lat.quantile(0.5))+" / "+fmtDur(m.Res.Lat.quantile(0.99)))
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	tw.Flush()
+
+	fmt.Fprintf(out, "\nCPUs used during the measurement: daemon (all its processes) / front end (this process) / everything else\non the machine (other load; %d CPUs in all), then the front end's CPU µs per request\n\n", runtime.NumCPU())
+	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, strings.Join(hdr[:len(o.Configs)+1], "\t")+"\t")
+	for _, w := range o.Workloads {
+		row := []string{w.Name}
+		for _, c := range o.Configs {
+			m := median(sr.Cells[w.Name][c.Name], w)
+			if m == nil {
+				row = append(row, "error")
+				continue
+			}
+			s := m.Res.Elapsed.Seconds()
+			row = append(row, fmt.Sprintf("%.2f / %.2f / %.2f  %.1fµs", m.DaemonCPU.Seconds()/s, m.Res.FrontCPU.Seconds()/s,
+				m.Res.OtherCPU.Seconds()/s, m.Res.FrontCPU.Seconds()*1e6/float64(max(m.Res.Ops, 1))))
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	tw.Flush()
+
+	if len(sr.Idle) > 0 {
+		fmt.Fprintf(out, "\nDaemon memory (KiB, summed over its processes): RssAnon idle after INIT, and after %v of 1 MiB writes\n"+
+			"at depth %d on 4 files; RssShmem (guest pages touched through the shared mappings) for reference\n\n", o.RSSTime, o.RSSDepth)
+		tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "daemon\tprocs\tthreads\tRssAnon idle\tRssAnon after\tRssShmem after\tMB/s at depth "+fmt.Sprint(o.RSSDepth)+"\t")
+		names := slices.Collect(func(yield func(string) bool) {
+			for _, c := range o.Configs {
+				if !yield(c.Name) {
+					return
+				}
+			}
+		})
+		for _, n := range names {
+			i, ok := sr.Idle[n]
+			if !ok {
+				continue
+			}
+			a := sr.AfterLoad[n]
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%.0f\t\n", n, a.Procs, a.Threads, i.RssAnon, a.RssAnon, a.RssShmem, sr.LoadRate[n])
+		}
+		tw.Flush()
+	}
+	for _, e := range sr.Errors {
+		fmt.Fprintf(out, "error: %v\n", e)
+	}
+}
