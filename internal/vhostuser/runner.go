@@ -65,6 +65,7 @@ type runner struct {
 	done     chan struct{}
 	slots    []*slot
 	free     chan *slot // slots not in use
+	cur      *slot      // the slot the ring goroutine holds, if any
 }
 
 // pollInterval is how often a ring without a kick fd is polled.
@@ -140,6 +141,9 @@ func (rn *runner) serve() {
 		if e := recover(); e != nil {
 			rn.onFault(e)
 			rn.stopping.Store(true)
+			if rn.cur != nil { // its chain is lost with the ring
+				rn.put(rn.cur)
+			}
 		}
 	}()
 	r, q := rn.r, rn.q
@@ -171,31 +175,44 @@ func (rn *runner) serve() {
 	}
 }
 
-// drainBatch is how many chains are served between notification decisions.
-const drainBatch = 64
 
 // drain serves available chains until the ring is empty or a stop is asked.
 func (rn *runner) drain() {
 	r, q := rn.r, rn.q
-	for n := 0; !rn.stopping.Load(); n++ {
-		if n == drainBatch {
-			if err := q.Notify(); err != nil {
-				r.log().Warn("notify guest", "err", err)
-			}
-			n = 0
+	for !rn.stopping.Load() {
+		// Read avail.idx before taking the memory table: the chains seen
+		// are translated with a table at least as new as the front end's
+		// last acknowledged memory change.
+		pending, err := q.Snapshot()
+		if err != nil {
+			r.log().Error("ring stopped serving", "err", err)
+			return
+		}
+		if !pending {
+			return
 		}
 		mem := r.b.memory.Acquire()
 		if mem == nil {
 			return // memory withdrawn: nothing can be translated
 		}
+		rn.drainSeen(mem)
+		mem.Put()
+	}
+}
+
+// drainSeen serves the chains seen by the last Snapshot with table mem.
+func (rn *runner) drainSeen(mem *virtqueue.GuestMemory) {
+	r, q := rn.r, rn.q
+	for !rn.stopping.Load() {
 		// A slot is always free here: this goroutine holds none, and at
 		// most len(slots)-1 are lent to workers.
 		s := <-rn.free
+		rn.cur = s
+		mem.TryGet() // the slot's own reference; cannot fail, we hold one
 		s.mem = mem
-		ok, err := q.Pop(s.chain, mem)
+		ok, err := q.PopSeen(s.chain, mem)
 		if !ok {
-			s.release()
-			rn.free <- s
+			rn.put(s)
 			if err != nil {
 				r.log().Error("ring stopped serving", "err", err)
 			}
@@ -208,6 +225,7 @@ func (rn *runner) drain() {
 				s.chain.Writable.SetBouncer(&r.b.backend)
 			}
 			if s.classify != nil && s.classify.Heavy(s.chain.Readable) && r.b.takeWorker() {
+				rn.cur = nil
 				rn.lend(s)
 				continue
 			}
@@ -224,9 +242,15 @@ func (rn *runner) drain() {
 		default: // ErrBadHead: nothing to return
 			rn.bad(err)
 		}
-		s.release()
-		rn.free <- s
+		rn.put(s)
 	}
+}
+
+// put returns the slot the ring goroutine holds to the free list.
+func (rn *runner) put(s *slot) {
+	s.release()
+	rn.cur = nil
+	rn.free <- s
 }
 
 // lend hands a popped chain to the slot's worker goroutine, starting it on

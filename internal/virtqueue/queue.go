@@ -87,6 +87,7 @@ type Queue struct {
 
 	// Consumer state (Pop).
 	lastAvail uint16
+	seenAvail uint16 // avail.idx at the last Snapshot
 	broken    bool
 
 	// Producer state (Push/Notify), guarded by mu.
@@ -219,14 +220,42 @@ func (q *Queue) Pop(c *DescChain, mem *GuestMemory) (bool, error) {
 		// Nothing to translate buffers with: leave the entry for later.
 		return false, errors.New("virtqueue: Pop without guest memory")
 	}
+	if _, err := q.Snapshot(); err != nil {
+		return false, err
+	}
+	return q.PopSeen(c, mem)
+}
+
+// Snapshot reads avail.idx and reports whether chains are pending. PopSeen
+// then takes only the chains published up to that read, so a caller that
+// acquires the memory table after Snapshot translates every chain with a
+// table at least as new as any the front end acknowledged before the guest
+// published it (a chain into hot-plugged memory is never translated with
+// the table from before the hot-plug).
+func (q *Queue) Snapshot() (bool, error) {
+	if q.broken {
+		return false, ErrBroken
+	}
 	availIdx := q.loadAvailIdx()
 	pending := availIdx - q.lastAvail
-	if pending == 0 {
-		return false, nil
-	}
 	if pending > q.size {
 		q.broken = true
 		return false, fmt.Errorf("%w: avail index %d is %d entries past %d, ring has %d", ErrBroken, availIdx, pending, q.lastAvail, q.size)
+	}
+	q.seenAvail = availIdx
+	return pending != 0, nil
+}
+
+// PopSeen is Pop limited to the chains seen by the last Snapshot.
+func (q *Queue) PopSeen(c *DescChain, mem *GuestMemory) (bool, error) {
+	if q.broken {
+		return false, ErrBroken
+	}
+	if mem == nil {
+		return false, errors.New("virtqueue: Pop without guest memory")
+	}
+	if q.seenAvail == q.lastAvail {
+		return false, nil
 	}
 	slot := int(q.lastAvail & (q.size - 1))
 	head := binary.LittleEndian.Uint16(q.avail[4+2*slot:])
