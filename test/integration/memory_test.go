@@ -379,10 +379,6 @@ func TestShrunkMemfd(t *testing.T) {
 // translated with the new table, even when the ring's goroutine was busy
 // (spurious kicks keep it looping) at the time of the update.
 func TestHotplugThenUseRace(t *testing.T) {
-	knownBug(t, "runner.drain (internal/vhostuser/vring.go) acquires the memory table before Queue.Pop reads "+
-		"avail.idx: if the ring goroutine is between the two when ADD_MEM_REG/SET_MEM_TABLE is handled and "+
-		"acked, a chain the guest publishes after the ack is translated with the old table and returned "+
-		"as malformed (\"indirect table ... outside guest memory\"); intermittent: about one run in three of -count=4")
 	for _, tc := range []struct {
 		name     string
 		protocol uint64

@@ -25,6 +25,10 @@ type FuseRequest struct {
 	NoReply    bool         // FORGET: no writable part at all
 	Packed     bool         // header and arguments in one segment (Linux's hiprio FORGET)
 	Indirect   IndirectMode // how to submit the chain
+	// DataRegions places data page i in region DataRegions[i%len] (for
+	// pages the back end cannot map: a DAX window, the FS_IO bounce);
+	// empty: the queue's BufRegion.
+	DataRegions []int
 }
 
 // FuseCall is a FuseRequest in flight.
@@ -57,9 +61,13 @@ func (q *Queue) fuseSegments(r FuseRequest) (segs []Segment, bufs []uint64, err 
 	}
 	pages := func(b []byte, n int, write bool) error {
 		off := r.PageOffset % PageSize
-		for done := 0; done < n; {
+		for i, done := 0, 0; done < n; i++ {
 			k := min(n-done, PageSize-off)
-			page, err := q.mem.AllocIn(region, PageSize, PageSize)
+			pr := region
+			if len(r.DataRegions) > 0 {
+				pr = r.DataRegions[i%len(r.DataRegions)]
+			}
+			page, err := q.mem.AllocIn(pr, PageSize, PageSize)
 			if err != nil {
 				return err
 			}
