@@ -135,7 +135,7 @@ copy_with_libs() {
 }
 
 build_initrd() {
-	local kver=$1 root=$2 out=$3 stage=$CACHE/build/$kver m f dep
+	local kver=$1 root=$2 out=$3 stage=$CACHE/build/$kver.$$ m f dep
 	rm -rf "$stage"
 	mkdir -p "$stage"/{bin,sbin,usr/bin,usr/sbin,usr/lib/modules/e2e,usr/lib64,proc,sys,dev,mnt,tmp,run,etc,root,e2e/scripts}
 	ln -s usr/lib "$stage/lib"
@@ -187,8 +187,8 @@ build_initrd() {
 	# Uncompressed: under TCG the guest unpacks plain cpio much faster than it
 	# decompresses (the image is ~85 MiB, mostly fio's libraries).
 	(cd "$stage" && find . -mindepth 1 -print0 | LC_ALL=C sort -z |
-		cpio --null -o -H newc --quiet --owner=0:0) >"$out.tmp"
-	mv "$out.tmp" "$out"
+		cpio --null -o -H newc --quiet --owner=0:0) >"$out.tmp.$$"
+	mv "$out.tmp.$$" "$out"
 	rm -rf "$stage"
 }
 
@@ -222,17 +222,21 @@ for series in $SERIES; do
 	fi
 	vmlinuz=$(ls "$root"/boot/vmlinuz-* | sort -V | tail -n1)
 	kver=${vmlinuz##*/vmlinuz-}
-	initrd=$CACHE/initrd/initrd-$kver.cpio
 	hash=$(inputs_hash "$kver" "$vmlinuz")
-	if [[ ! -f $initrd || ! -f $initrd.hash || $(cat "$initrd.hash") != "$hash" ]]; then
+	# Named by its inputs: work trees sharing one cache (each with its own
+	# guest scripts) neither rebuild each other's image nor replace it
+	# under a running test. Images unused for a day are removed.
+	initrd=$CACHE/initrd/initrd-$kver-${hash:0:16}.cpio
+	if [[ ! -f $initrd ]]; then
 		log "building $initrd"
 		build_initrd "$kver" "$root" "$initrd"
-		echo "$hash" >"$initrd.hash"
 	fi
+	touch "$initrd"
+	find "$CACHE/initrd" -maxdepth 1 -name "initrd-$kver-*.cpio" -mmin +1440 -delete 2>/dev/null || true
 	manifest+=("KERNEL $kver $vmlinuz $initrd")
 done
 
 ((${#manifest[@]})) || die "no kernel prepared"
-printf '%s\n' "${manifest[@]}" >"$CACHE/kernels.txt.tmp"
-mv "$CACHE/kernels.txt.tmp" "$CACHE/kernels.txt"
+printf '%s\n' "${manifest[@]}" >"$CACHE/kernels.txt.tmp.$$"
+mv "$CACHE/kernels.txt.tmp.$$" "$CACHE/kernels.txt"
 printf '%s\n' "${manifest[@]}"

@@ -424,6 +424,7 @@ type vmConfig struct {
 	Append      []string // more kernel parameters
 	AllowReboot bool     // without -no-reboot
 	Timeout     time.Duration
+	DeviceOpts  []string // more vhost-user-fs-pci properties, e.g. num-request-queues=2
 }
 
 type vm struct {
@@ -468,7 +469,7 @@ func startVM(t *testing.T, dir string, cfg vmConfig) *vm {
 		"-monitor", "unix:" + mon + ",server=on,wait=off",
 		"-object", "memory-backend-memfd,id=mem,size=1G,share=on", "-numa", "node,memdev=mem",
 		"-chardev", "socket,id=c0,path=" + cfg.Sock,
-		"-device", "vhost-user-fs-pci,queue-size=1024,chardev=c0,tag=myfs",
+		"-device", strings.Join(append([]string{"vhost-user-fs-pci,queue-size=1024,chardev=c0,tag=myfs"}, cfg.DeviceOpts...), ","),
 		"-kernel", cfg.Kernel.Vmlinuz, "-initrd", cfg.Kernel.Initrd,
 		"-append", strings.Join(appendLine, " "),
 	}

@@ -1,0 +1,41 @@
+# fio throughput runs driven by the host (make bench-guest, TestBenchGuest):
+# the guest asks "bench-next" and runs the workload the host answers, until
+# the answer is "done" (or empty: the ask timed out). Several guests boot at
+# once and the host runs one workload at a time, on each guest in turn.
+# Sourced by /init (step and e2e_ask come from there).
+#
+# An answer is "NAME RW BS IODEPTH NUMJOBS". Every workload uses files
+# DIR/bench.N (one per job), libaio, O_DIRECT, time_based, group_reporting,
+# no verify; the files stay between workloads (reads read what earlier
+# writes left; fio lays out missing ones first, outside the measurement).
+#
+# Kernel parameters:
+#   e2e.benchsize=SIZE     file size per job (default 64M)
+#   e2e.benchruntime=SECS  seconds per workload (default 5)
+#   e2e.asktimeout=SECS    (guest-init.sh) how long to wait for the next one
+#
+# Output: step "bench-NAME" with one line "E2E-FIO NAME <fio terse v3 line>".
+_dir=/mnt/bench
+mkdir -p $_dir
+
+bench_run() {
+	_bn=$1
+	fio --name="$_bn" --directory=$_dir --filename_format='bench.$jobnum' \
+		--size="${E2E_BENCHSIZE:-64M}" --rw="$2" --bs="$3" --iodepth="$4" --numjobs="$5" \
+		--group_reporting --ioengine=libaio --direct=1 \
+		--time_based --runtime="${E2E_BENCHRUNTIME:-5}" \
+		--output-format=terse --terse-version=3 >/tmp/fio.out 2>/tmp/fio.err
+	_rc=$?
+	sed "s/^/E2E-FIO $_bn /" /tmp/fio.out
+	cat /tmp/fio.err
+	return $_rc
+}
+
+while :; do
+	_w=$(e2e_ask bench-next)
+	case $_w in '' | done) break ;; esac
+	# shellcheck disable=SC2086
+	set -- $_w
+	step "bench-$1" bench_run "$@"
+done
+step bench-rm rm -rf $_dir
