@@ -62,11 +62,7 @@ e2e-full: deps build
 		$(GO) test -count=1 -v -timeout 60m ./test/e2e/
 
 fuzz:
-	@set -e; for t in $(FUZZ_TARGETS); do \
-		pkg=$${t%%:*}; name=$${t##*:}; \
-		echo "== fuzz $$name ($$pkg) for $(FUZZTIME)"; \
-		$(GO) test -run='^$$' -fuzz="^$$name\$$" -fuzztime=$(FUZZTIME) $$pkg; \
-	done
+	FUZZTIME=$(FUZZTIME) GO=$(GO) test/fuzz.sh $(FUZZ_TARGETS)
 
 fuzz-short:
 	$(MAKE) fuzz FUZZTIME=10s
