@@ -113,7 +113,11 @@ func run(o *Options) error {
 	go func() {
 		s := <-sigs
 		log.Info("signal received, exiting", "signal", s.String())
-		ln.Close() // removes the socket we created
+		// Remove the socket we created, without closing the listener: a
+		// failing Accept must not race this exit with an error.
+		if o.SocketPath != "" {
+			os.Remove(o.SocketPath)
+		}
 		os.Exit(0)
 	}()
 
