@@ -175,7 +175,6 @@ func (rn *runner) serve() {
 	}
 }
 
-
 // drain serves available chains until the ring is empty or a stop is asked.
 func (rn *runner) drain() {
 	r, q := rn.r, rn.q
