@@ -429,14 +429,14 @@ func (b *Backend) setVringKick(m *Message) error {
 		if r.kickFD >= 0 {
 			unix.Close(r.kickFD)
 		}
-		r.kickFD, r.kickSet = fd, true
+		r.kickFD = fd
 		r.resume()
 		return nil
 	}
 	if r.kickFD >= 0 {
 		unix.Close(r.kickFD)
 	}
-	r.kickFD, r.kickSet = fd, true
+	r.kickFD = fd
 	if b.acked&featProtocolFeatures == 0 {
 		// Without PROTOCOL_FEATURES a ring is enabled when it starts.
 		r.enabled = true

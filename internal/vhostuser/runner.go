@@ -45,7 +45,8 @@ func (r *vring) newSlots(n int) []*slot {
 	return slots
 }
 
-// release returns the slot's references to guest memory.
+// release drops the chain's segments and, for a lent chain, its reference
+// to the memory table.
 func (s *slot) release() {
 	s.chain.Release()
 	if s.mem != nil {
@@ -207,8 +208,6 @@ func (rn *runner) drainSeen(mem *virtqueue.GuestMemory) {
 		// most len(slots)-1 are lent to workers.
 		s := <-rn.free
 		rn.cur = s
-		mem.TryGet() // the slot's own reference; cannot fail, we hold one
-		s.mem = mem
 		ok, err := q.PopSeen(s.chain, mem)
 		if !ok {
 			rn.put(s)
@@ -224,6 +223,12 @@ func (rn *runner) drainSeen(mem *virtqueue.GuestMemory) {
 				s.chain.Writable.SetBouncer(&r.b.backend)
 			}
 			if s.classify != nil && s.classify.Heavy(s.chain.Readable) && r.b.takeWorker() {
+				// A lent chain may outlive this batch: it takes its own
+				// reference (cannot fail: we hold one). Inline requests
+				// share the batch's, which keeps shared atomics off the
+				// common path.
+				mem.TryGet()
+				s.mem = mem
 				rn.cur = nil
 				rn.lend(s)
 				continue

@@ -27,10 +27,9 @@ type vring struct {
 	base    uint16
 	enabled bool
 
-	kickFD  int // -1: none received yet
-	kickSet bool
-	callFD  int // the fd we own; the Queue signals it under its lock
-	errFD   int
+	kickFD int // -1: none received yet
+	callFD int // the fd we own; the Queue signals it under its lock
+	errFD  int
 
 	queue *virtqueue.Queue // non-nil while started
 	slots []*slot          // request state, kept across stop/start while the size holds
@@ -118,7 +117,6 @@ func (r *vring) stop() uint16 {
 		unix.Close(r.kickFD)
 		r.kickFD = -1
 	}
-	r.kickSet = false
 	return r.base
 }
 
