@@ -21,6 +21,7 @@ type Config struct {
 	Ours  bool
 	Pool  int // --thread-pool-size; <0: not passed (the daemon's default)
 	Rings int // request rings the front end sets up
+	Bin   string // binary, if not SuiteOptions' (an A/B build of ours)
 }
 
 // Label is a short column heading.
