@@ -85,6 +85,13 @@ func run(o *Options) error {
 		return err
 	}
 	defer ln.Close()
+	var metricsLn net.Listener
+	if o.MetricsAddr != "" {
+		if metricsLn, err = listenMetrics(o.MetricsAddr); err != nil {
+			return err
+		}
+		defer metricsLn.Close()
+	}
 
 	workers := o.ThreadPoolSize
 	if workers < 0 {
@@ -94,18 +101,24 @@ func run(o *Options) error {
 	if err != nil {
 		return err
 	}
-	fs := fuse.NewServer(fsys, fuse.ServerOptions{}, log)
+	fs := fuse.NewServer(fsys, fuse.ServerOptions{Metrics: metricsLn != nil}, log)
 	backend, err := vhostuser.NewBackend(vhostuser.Config{
 		RequestQueues: o.Queues,
 		Tag:           o.Tag,
 		Logger:        log,
 		Workers:       workers,
+		Metrics:       metricsLn != nil,
 		Handler: vhostuser.HandlerFunc(func(i int) vhostuser.RequestHandler {
 			return fs.Queue(i)
 		}),
 	})
 	if err != nil {
 		return err
+	}
+
+	if metricsLn != nil {
+		serveMetrics(metricsLn, &metricsSource{fuse: fs, backend: backend, fs: fsys}, log)
+		log.Info("serving metrics", "addr", metricsLn.Addr().String())
 	}
 
 	sigs := make(chan os.Signal, 1)
@@ -117,6 +130,9 @@ func run(o *Options) error {
 		// failing Accept must not race this exit with an error.
 		if o.SocketPath != "" {
 			os.Remove(o.SocketPath)
+		}
+		if ul, ok := metricsLn.(*net.UnixListener); ok {
+			os.Remove(ul.Addr().String())
 		}
 		os.Exit(0)
 	}()

@@ -44,6 +44,9 @@ type Options struct {
 	PreserveNoatime   bool
 	RlimitNofile      int
 	ThreadPoolSize    int
+
+	// MetricsAddr serves Prometheus metrics: HOST:PORT, or unix:PATH.
+	MetricsAddr string
 }
 
 // optKind says how an option's value is parsed.
@@ -153,6 +156,8 @@ var optionTable = []option{
 		set: setInt(func(o *Options) *int { return &o.RlimitNofile })},
 	{long: "thread-pool-size", oKey: "thread_pool_size", kind: optInt, usage: "most requests served on worker threads at once (0: all inline; default: number of CPUs)",
 		set: setInt(func(o *Options) *int { return &o.ThreadPoolSize })},
+	{long: "metrics-addr", kind: optString, usage: "serve Prometheus metrics on HOST:PORT or unix:PATH (off by default)",
+		set: setString(func(o *Options) *string { return &o.MetricsAddr })},
 	{short: "f", kind: optBool, usage: "stay in the foreground (always the case)",
 		set: setBool(func(o *Options) *bool { return &o.Foreground })},
 }
