@@ -35,7 +35,7 @@ func main() {
 }
 
 func newCommand() *cobra.Command {
-	o := &Options{FD: -1, Queues: vhostuser.MaxRings - 1, LogLevel: "info", Cache: "auto", InodeFileHandles: "never", ThreadPoolSize: -1}
+	o := &Options{FD: -1, Queues: vhostuser.MaxRings - 1, LogLevel: "info", Cache: "auto", InodeFileHandles: "never", ThreadPoolSize: -1, RlimitNofile: -1}
 	cmd := &cobra.Command{
 		Use:           "govirtiofsd --socket-path PATH --shared-dir DIR",
 		Short:         "virtio-fs daemon: share a host directory with a virtual machine",
@@ -241,14 +241,17 @@ func newFileSystem(o *Options, log *slog.Logger) (*passthrough.FS, error) {
 	if err := passthrough.DropSupplementaryGroups(); err != nil {
 		return nil, err
 	}
-	limit := uint64(o.RlimitNofile)
-	if o.RlimitNofile <= 0 {
-		limit = defaultNofile()
-	}
-	got, err := passthrough.RaiseNofileLimit(limit)
-	if err != nil {
-		log.Warn("cannot raise RLIMIT_NOFILE", "want", limit, "have", got, "err", err)
-	}
+	switch {
+	case o.RlimitNofile < 0: // not given: raise to the default
+		limit := defaultNofile()
+		if got, err := passthrough.RaiseNofileLimit(limit); err != nil {
+			log.Warn("cannot raise RLIMIT_NOFILE", "want", limit, "have", got, "err", err)
+		}
+	case o.RlimitNofile > 0: // exactly this, as the Rust daemon does
+		if err := passthrough.SetNofileLimit(uint64(o.RlimitNofile)); err != nil {
+			return nil, fmt.Errorf("--rlimit-nofile %d: %w", o.RlimitNofile, err)
+		}
+	} // 0: leave it unchanged
 	return passthrough.New(o.SharedDir, popts)
 }
 

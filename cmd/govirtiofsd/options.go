@@ -152,7 +152,7 @@ var optionTable = []option{
 		set: setBool(func(o *Options) *bool { return &o.ReadOnly })},
 	{long: "preserve-noatime", kind: optBool, usage: "keep the guest's O_NOATIME",
 		set: setBool(func(o *Options) *bool { return &o.PreserveNoatime })},
-	{long: "rlimit-nofile", kind: optInt, usage: "RLIMIT_NOFILE to set (default min(1000000, fs.nr_open))",
+	{long: "rlimit-nofile", kind: optInt, usage: "set RLIMIT_NOFILE to N (0: leave it; default: raise to min(1000000, fs.nr_open))",
 		set: setInt(func(o *Options) *int { return &o.RlimitNofile })},
 	{long: "thread-pool-size", oKey: "thread_pool_size", kind: optInt, usage: "most requests served on worker threads at once (0: all inline; default: number of CPUs)",
 		set: setInt(func(o *Options) *int { return &o.ThreadPoolSize })},
