@@ -37,7 +37,7 @@ func BenchmarkWriteTo(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		v.Rewind()
-		if n, err := v.WriteTo(fd, 0, v.Size()); err != nil || n != pages*pageSize {
+		if n, err := v.WriteTo(fd, 0, v.Size(), Bounded); err != nil || n != pages*pageSize {
 			b.Fatal(n, err)
 		}
 	}

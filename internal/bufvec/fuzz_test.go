@@ -230,7 +230,8 @@ func FuzzCursor(f *testing.F) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				w, err := v.WriteTo(fd, off, n)
+				wait := Wait(n%2 == 0) // both syscall modes
+				w, err := v.WriteTo(fd, off, n, wait)
 				if n < 0 || pos+n > len(model) {
 					if w != 0 || !errors.Is(err, ErrShort) {
 						t.Fatalf("WriteTo(%d) at %d: %d %v, want ErrShort", n, pos, w, err)
@@ -265,7 +266,8 @@ func FuzzCursor(f *testing.F) {
 				if _, err := unix.Pwrite(fd, content, 0); err != nil {
 					t.Fatal(err)
 				}
-				r, err := v.ReadFrom(fd, off, n)
+				wait := Wait(n%2 == 0) // both syscall modes
+				r, err := v.ReadFrom(fd, off, n, wait)
 				if n < 0 || pos+n > len(model) {
 					if r != 0 || !errors.Is(err, ErrShort) {
 						t.Fatalf("ReadFrom(%d) at %d: %d %v, want ErrShort", n, pos, r, err)

@@ -72,7 +72,7 @@ func TestWriteToReadFrom(t *testing.T) {
 			fd := int(file.Fd())
 
 			f.v.Seek(tc.skip)
-			w, err := f.v.WriteTo(fd, tc.off, n)
+			w, err := f.v.WriteTo(fd, tc.off, n, Bounded)
 			if err != nil || w != n {
 				t.Fatalf("WriteTo: %d, %v; want %d", w, err, n)
 			}
@@ -97,7 +97,7 @@ func TestWriteToReadFrom(t *testing.T) {
 			}
 			pre, _ := f.flat()
 			f.v.Seek(tc.skip)
-			rd, err := f.v.ReadFrom(fd, tc.off, n)
+			rd, err := f.v.ReadFrom(fd, tc.off, n, MayWait)
 			if err != nil || rd != n {
 				t.Fatalf("ReadFrom: %d, %v; want %d", rd, err, n)
 			}
@@ -149,7 +149,7 @@ func TestReadFromShortAtEOF(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, len(tc.sizes), tc.sizes...)
 			pre, _ := f.flat()
-			n, err := f.v.ReadFrom(fd, tc.off, f.v.Size())
+			n, err := f.v.ReadFrom(fd, tc.off, f.v.Size(), Bounded)
 			if err != nil || n != tc.want {
 				t.Fatalf("ReadFrom: %d, %v; want %d, nil", n, err, tc.want)
 			}
@@ -193,7 +193,7 @@ func TestIOStopsAtUnmapped(t *testing.T) {
 			fd := int(file.Fd())
 
 			f.v.Seek(tc.skip)
-			w, err := f.v.WriteTo(fd, 0, n)
+			w, err := f.v.WriteTo(fd, 0, n, Bounded)
 			if w != tc.want || !errors.Is(err, wantErr) || (wantErr == nil && err != nil) {
 				t.Fatalf("WriteTo: %d, %v; want %d, %v", w, err, tc.want, wantErr)
 			}
@@ -209,7 +209,7 @@ func TestIOStopsAtUnmapped(t *testing.T) {
 				t.Fatal(err)
 			}
 			f.v.Seek(tc.skip)
-			rd, err := f.v.ReadFrom(fd, 0, n)
+			rd, err := f.v.ReadFrom(fd, 0, n, Bounded)
 			if rd != tc.want || !errors.Is(err, wantErr) || (wantErr == nil && err != nil) {
 				t.Fatalf("ReadFrom: %d, %v; want %d, %v", rd, err, tc.want, wantErr)
 			}
@@ -233,18 +233,18 @@ func TestIOErrors(t *testing.T) {
 	file := tempFile(t)
 	fd := int(file.Fd())
 	for _, n := range []int{21, -1} {
-		if w, err := f.v.WriteTo(fd, 0, n); !errors.Is(err, ErrShort) || w != 0 || f.v.Pos() != 0 {
+		if w, err := f.v.WriteTo(fd, 0, n, Bounded); !errors.Is(err, ErrShort) || w != 0 || f.v.Pos() != 0 {
 			t.Errorf("WriteTo(%d): %d %v", n, w, err)
 		}
-		if r, err := f.v.ReadFrom(fd, 0, n); !errors.Is(err, ErrShort) || r != 0 || f.v.Pos() != 0 {
+		if r, err := f.v.ReadFrom(fd, 0, n, Bounded); !errors.Is(err, ErrShort) || r != 0 || f.v.Pos() != 0 {
 			t.Errorf("ReadFrom(%d): %d %v", n, r, err)
 		}
 	}
 	// A kernel error is returned as is and consumes nothing.
-	if w, err := f.v.WriteTo(-1, 0, 20); !errors.Is(err, unix.EBADF) || w != 0 || f.v.Pos() != 0 {
+	if w, err := f.v.WriteTo(-1, 0, 20, Bounded); !errors.Is(err, unix.EBADF) || w != 0 || f.v.Pos() != 0 {
 		t.Errorf("WriteTo(bad fd): %d %v", w, err)
 	}
-	if w, err := f.v.WriteTo(fd, -5, 20); !errors.Is(err, unix.EINVAL) || w != 0 {
+	if w, err := f.v.WriteTo(fd, -5, 20, Bounded); !errors.Is(err, unix.EINVAL) || w != 0 {
 		t.Errorf("WriteTo(negative offset): %d %v", w, err)
 	}
 	ro, err := os.Open(file.Name())
@@ -252,14 +252,14 @@ func TestIOErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ro.Close()
-	if w, err := f.v.WriteTo(int(ro.Fd()), 0, 20); !errors.Is(err, unix.EBADF) || w != 0 {
+	if w, err := f.v.WriteTo(int(ro.Fd()), 0, 20, Bounded); !errors.Is(err, unix.EBADF) || w != 0 {
 		t.Errorf("WriteTo(read-only fd): %d %v", w, err)
 	}
 	// The zero Vec (no scratch preallocated) still works.
 	var z Vec
 	buf := []byte("hello")
 	z.Append(Segment{Buf: buf, Len: 5}) // fails: no room
-	if w, err := z.WriteTo(fd, 0, 0); w != 0 || err != nil {
+	if w, err := z.WriteTo(fd, 0, 0, Bounded); w != 0 || err != nil {
 		t.Errorf("zero Vec WriteTo: %d %v", w, err)
 	}
 }

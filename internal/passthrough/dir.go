@@ -7,6 +7,8 @@ import (
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
 )
 
 // createEntry runs mk (the creating *at call on dir) with the caller's
@@ -188,9 +190,11 @@ func (f *FS) OpenDir(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno {
 // newHandle registers an open fd; it takes over fd and the caller's use
 // reference on i.
 func (f *FS) newHandle(i *inode, fd int, kind handleKind, flags int) (*handle, syscall.Errno) {
-	h := &handle{fd: fd, ino: i, kind: kind, flags: flags}
+	h := &handle{fd: fd, ino: i, kind: kind, flags: flags, wait: bufvec.MayWait}
 	if kind == handleDir {
 		h.dir = &dirStream{}
+	} else {
+		h.wait = fileWait(fd)
 	}
 	h.refs.Store(1)
 	f.handleFDs.Add(1)

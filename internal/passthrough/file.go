@@ -256,7 +256,7 @@ func (f *FS) Read(in *gofuse.ReadIn, dst *bufvec.Vec) (int, syscall.Errno) {
 	if errno != 0 {
 		return 0, errno
 	}
-	n, err := dst.ReadFrom(h.fd, int64(in.Offset), min(int(in.Size), dst.Len()))
+	n, err := dst.ReadFrom(h.fd, int64(in.Offset), min(int(in.Size), dst.Len()), h.wait)
 	h.put()
 	if err == bufvec.ErrUnmapped {
 		return n, syscall.EFAULT
@@ -300,7 +300,7 @@ func (f *FS) Write(in *gofuse.WriteIn, src *bufvec.Vec) (int, syscall.Errno) {
 			return 0, errno
 		}
 	}
-	n, err := src.WriteTo(h.fd, int64(in.Offset), int(in.Size))
+	n, err := src.WriteTo(h.fd, int64(in.Offset), int(in.Size), h.wait)
 	h.put()
 	if err == bufvec.ErrUnmapped {
 		return n, syscall.EFAULT

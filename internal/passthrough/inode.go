@@ -6,6 +6,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
 )
 
 // inodeKey identifies a host object: the same (dev, ino) on two mounts of
@@ -150,7 +152,8 @@ type handle struct {
 	fd    int
 	ino   *inode // a reference is held for the handle's lifetime
 	kind  handleKind
-	flags int // host open flags
+	flags int         // host open flags
+	wait  bufvec.Wait // how READ and WRITE issue their syscalls (fileWait)
 	refs  atomic.Int64
 
 	dir *dirStream // directories only

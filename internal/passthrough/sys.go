@@ -5,6 +5,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
 )
 
 // Raw *at wrappers. They take NUL-terminated names built in stack buffers
@@ -285,4 +287,23 @@ func toErrno(err error) syscall.Errno {
 		return e
 	}
 	return syscall.EIO
+}
+
+// fileWait says how the I/O of open file fd is to be issued: raw
+// (bufvec.Bounded) on file systems whose I/O completes on this machine
+// (statfs f_type, linux/magic.h); told to the scheduler (bufvec.MayWait)
+// on anything else (NFS, CIFS, FUSE, Ceph, 9p, and whatever is not listed),
+// which may wait on a peer for any time.
+func fileWait(fd int) bufvec.Wait {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(fd, &st); err != nil {
+		return bufvec.MayWait
+	}
+	switch uint32(st.Type) {
+	case unix.TMPFS_MAGIC, unix.RAMFS_MAGIC, unix.EXT4_SUPER_MAGIC, unix.XFS_SUPER_MAGIC,
+		unix.BTRFS_SUPER_MAGIC, unix.F2FS_SUPER_MAGIC,
+		unix.OVERLAYFS_SUPER_MAGIC: // over local layers, as container images are
+		return bufvec.Bounded
+	}
+	return bufvec.MayWait
 }
