@@ -391,6 +391,12 @@ func confine(cfg Config) error {
 	if err != nil {
 		return err
 	}
+	// Nothing but the named files crosses into the final stage: an fd
+	// the daemon was started with (of a host directory, say) would be a
+	// way out. execStage clears close-on-exec on the named files again.
+	if err := cloexecFrom(3); err != nil {
+		return err
+	}
 	var procSelfFD, exe int
 	switch cfg.Mode {
 	case Namespace:
@@ -562,4 +568,29 @@ func cStrings(ss []string) ([]*byte, error) {
 		out = append(out, p)
 	}
 	return append(out, nil), nil
+}
+
+// closeRangeCloexec is CLOSE_RANGE_CLOEXEC (Linux 5.11).
+const closeRangeCloexec = 1 << 2
+
+// cloexecFrom marks every fd from first up close-on-exec.
+func cloexecFrom(first int) error {
+	err := unix.CloseRange(uint(first), ^uint(0), closeRangeCloexec)
+	if err == nil {
+		return nil
+	}
+	if err != unix.ENOSYS && err != unix.EINVAL {
+		return fmt.Errorf("sandbox: close_range: %w", err)
+	}
+	// Before Linux 5.11: one by one.
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("sandbox: listing inherited fds: %w", err)
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd >= first {
+			unix.CloseOnExec(fd)
+		}
+	}
+	return nil
 }

@@ -144,6 +144,9 @@ type daemonSpec struct {
 	bin  string              // "" is daemonBin
 	env  []string            // added to ours
 	cred *syscall.Credential // nil: ours
+	// files are inherited from fd 3 on (as if leaked by whoever
+	// started the daemon).
+	files []*os.File
 }
 
 // startDaemonWith is startDaemon as spec says. A daemon with another uid
@@ -188,6 +191,7 @@ func startDaemonWith(t *testing.T, spec daemonSpec, extra ...string) *daemon {
 	// within exitTimeout.
 	d.cmd.Env = append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=100"))
 	d.cmd.Env = append(d.cmd.Env, spec.env...)
+	d.cmd.ExtraFiles = spec.files
 	if spec.cred != nil {
 		d.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: spec.cred}
 	}

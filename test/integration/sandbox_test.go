@@ -117,7 +117,15 @@ func TestSandboxConfinement(t *testing.T) {
 		{"none", []string{"--sandbox", "none"}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := startDaemon(t, tc.args...)
+			// A host directory the daemon is started with must not
+			// reach inside the sandbox.
+			leak, err := os.Open("/etc")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer leak.Close()
+			// At fd 8: above the fds the supervisor hands on.
+			d := startDaemonWith(t, daemonSpec{files: []*os.File{nil, nil, nil, nil, nil, leak}}, tc.args...)
 			dev := d.connect(opts())
 			c := newFS(t, dev, 1)
 			c.mount()
@@ -138,6 +146,15 @@ func TestSandboxConfinement(t *testing.T) {
 				t.Fatalf("no sandboxed child under the supervisor %d", sup)
 			}
 			checkThreads(t, pid, tc.caps)
+			fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, fd := range fds {
+				if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); l == "/etc" {
+					t.Errorf("the sandboxed daemon holds fd %s on /etc, inherited from outside", fd.Name())
+				}
+			}
 			if !sameFile(t, fmt.Sprintf("/proc/%d/root", pid), d.dir) {
 				t.Errorf("the daemon's root is not the shared directory")
 			}
