@@ -98,9 +98,6 @@ func run(o *Options) error {
 		raiseNofile(o, log)
 	}
 	in, err := enterSandbox(o, sbcfg)
-	if ownSocket && in == nil {
-		os.Remove(o.SocketPath) // the supervisor, once the daemon is gone
-	}
 	if err != nil {
 		return err
 	}

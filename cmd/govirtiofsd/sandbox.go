@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 
 	"github.com/govirtiofsd/govirtiofsd/internal/sandbox"
 )
@@ -72,7 +73,13 @@ func enterSandbox(o *Options, cfg sandbox.Config) (*sandbox.Inside, error) {
 		}
 		files = append(files, sandbox.File{Name: fileVhostUser, File: f})
 	}
-	return sandbox.Enter(cfg, files)
+	in, err := sandbox.Enter(cfg, files)
+	if in == nil && o.SocketPath != "" && !sandbox.Resumed() {
+		// The supervisor, once the daemon is gone (or could not be
+		// started), removes the socket it created.
+		os.Remove(o.SocketPath)
+	}
+	return in, err
 }
 
 // handedListener wraps the vhost-user listener handed into the sandbox. It

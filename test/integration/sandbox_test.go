@@ -457,3 +457,34 @@ func TestSandboxUnprivileged(t *testing.T) {
 		})
 	}
 }
+
+// TestSocketLifetime: whoever created the socket (the supervisor, or the
+// daemon with --sandbox none) removes it once the daemon is done, and a
+// file that is not ours at the socket path is left alone.
+func TestSocketLifetime(t *testing.T) {
+	d := startDaemon(t)
+	dev := d.connect(opts())
+	newFS(t, dev, 1).mount()
+	d.disconnect()
+	if _, err := os.Lstat(d.sock); !os.IsNotExist(err) {
+		t.Errorf("socket %s still there after the daemon exited: %v", d.sock, err)
+	}
+
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "not-a-socket")
+	if err := os.WriteFile(sock, []byte("keep me"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	share := filepath.Join(dir, "share")
+	if err := os.Mkdir(share, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"--socket-path", sock, "--shared-dir", share}, sandboxArgs()...)
+	out, err := exec.Command(daemonBin, args...).CombinedOutput()
+	if err == nil {
+		t.Fatalf("the daemon started on a path holding a regular file:\n%s", out)
+	}
+	if b, err := os.ReadFile(sock); err != nil || string(b) != "keep me" {
+		t.Errorf("the file at the socket path: %q, %v; want it untouched", b, err)
+	}
+}
