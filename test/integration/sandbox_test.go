@@ -8,7 +8,8 @@ package integration
 //	TestSandboxConfinement  an idle daemon's threads: Seccomp 2, CapEff the
 //	                        kept set; its namespaces and root
 //	TestSandboxSeccomp      a call outside the allowlist (sandboxtest build)
-//	                        kills the daemon, or is logged with --seccomp log
+//	                        kills the daemon, traps, or is logged with
+//	                        --seccomp log
 //	TestSandboxUnprivileged a user with /etc/subuid and /etc/subgid ranges:
 //	                        namespace sandbox in a user namespace, --sandbox
 //	                        none, and one-line errors for what cannot work
@@ -232,8 +233,9 @@ func auditLines(pid int) (lines []string, ok bool) {
 
 // TestSandboxSeccomp has the daemon call sysinfo(2), which is not on the
 // allowlist, right after loading the filter (the sandboxtest build's hook):
-// --seccomp kill kills it (and the supervisor reports it); --seccomp log
-// lets it serve and the kernel logs the call.
+// --seccomp kill kills it (and the supervisor reports it); trap crashes it
+// with a traceback of the call; --seccomp log lets it serve and the kernel
+// logs the call.
 func TestSandboxSeccomp(t *testing.T) {
 	needStatic(t)
 	bin := sandboxtestBinary(t)
@@ -269,6 +271,32 @@ func TestSandboxSeccomp(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("no seccomp audit record of the kill (sig=31 syscall=%d) for pid %d; records: %q", sysinfo, pid, lines)
+		}
+	})
+
+	t.Run("trap", func(t *testing.T) {
+		// SIGSYS to the thread: the Go runtime dies with a traceback
+		// of the call (status 2, passed on by the supervisor).
+		dir := t.TempDir()
+		share := filepath.Join(dir, "share")
+		if err := os.Mkdir(share, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(bin, "--socket-path", filepath.Join(dir, "sock"), "--shared-dir", share, "--seccomp", "trap")
+		cmd.Env = append(os.Environ(), hook...)
+		done := make(chan struct{})
+		time.AfterFunc(opTimeout, func() {
+			select {
+			case <-done:
+			default:
+				cmd.Process.Kill()
+			}
+		})
+		out, _ := cmd.CombinedOutput()
+		close(done)
+		if code := cmd.ProcessState.ExitCode(); code != 2 || !bytes.Contains(out, []byte("SIGSYS: bad system call")) ||
+			!bytes.Contains(out, []byte(fmt.Sprintf("syscall.RawSyscall(%#x,", sysinfo))) {
+			t.Errorf("--seccomp trap: status %d, want 2 and a traceback of syscall %d:\n%s", code, sysinfo, out)
 		}
 	})
 
