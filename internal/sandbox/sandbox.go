@@ -251,7 +251,7 @@ func supervise(cfg Config, files []File) (int, error) {
 		defer w.Close()
 		stage = stageUserns
 	}
-	defer closeFiles(files)
+	defer func() { closeFiles(files) }() // those not yet closed after Start
 
 	cmd := exec.Command("/proc/self/exe", os.Args[1:]...)
 	cmd.Args[0] = os.Args[0]
