@@ -2,8 +2,12 @@
 #
 #   make            static daemon at bin/govirtiofsd
 #   make deps       Debian packages the build and the tests need (root)
-#   make test       everything CI runs: vet, unit + integration (-race),
+#   make test       everything CI runs: vet, unit + integration (-race,
+#                   --sandbox none), integration against the static daemon
+#                   in its default sandbox (and the escape tests in chroot),
 #                   each fuzz target briefly, one guest boot per kernel
+#   make integration-sandbox  the integration suite against bin/govirtiofsd
+#                   with the default --sandbox namespace --seccomp kill
 #   make e2e        the guest boot tests alone (QEMU 7.2 + Linux, TCG)
 #   make e2e-full   the longer e2e matrix (run before resolving an issue)
 #   make fuzz       every fuzz target for FUZZTIME each (default 60s)
@@ -18,10 +22,11 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION) -linkmode external -extldflags "-static"
 FUZZTIME ?= 60s
 
-# Debian packages: build (gcc, libseccomp-dev for static cgo), guest tests
+# Debian packages: build (gcc, libseccomp-dev for static cgo), the
+# unprivileged namespace sandbox (uidmap: newuidmap/newgidmap), guest tests
 # (QEMU 7.2 with the reference virtiofsd, busybox, cpio, fio, zstd/xz for
 # kernel modules).
-DEB_PKGS := build-essential libseccomp-dev qemu-system-x86 qemu-system-common \
+DEB_PKGS := build-essential libseccomp-dev uidmap qemu-system-x86 qemu-system-common \
 	busybox-static cpio fio xz-utils zstd
 
 # Fuzz targets: package:Target.
@@ -31,7 +36,7 @@ FUZZ_TARGETS := \
 	./internal/vhostuser:FuzzMessages \
 	./internal/fuse:FuzzServe
 
-.PHONY: all build deps test unit e2e e2e-full fuzz fuzz-short bench bench-guest clean
+.PHONY: all build deps test unit integration-sandbox e2e e2e-full fuzz fuzz-short bench bench-guest clean
 
 all: build
 
@@ -48,11 +53,23 @@ deps:
 test: deps build
 	$(GO) vet ./...
 	$(MAKE) unit
+	$(MAKE) integration-sandbox
 	$(MAKE) fuzz-short
 	$(MAKE) e2e
 
 unit:
 	$(GO) test -race -count=1 -timeout 15m ./...
+
+# integration-sandbox: the integration suite against the static daemon in
+# the default sandbox (namespace, seccomp kill: a system call outside the
+# allowlist fails the test that made it), the sandbox tests (host-side
+# checks, seccomp kill and log, an unprivileged user), then the escape and
+# CVE tests again in the chroot sandbox (make unit runs them with
+# --sandbox none).
+integration-sandbox: deps build
+	GOVIRTIOFSD_INTEGRATION_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./test/integration/
+	GOVIRTIOFSD_INTEGRATION_BIN=$(CURDIR)/$(BIN) GOVIRTIOFSD_INTEGRATION_SANDBOX=chroot \
+		$(GO) test -count=1 -timeout 10m -run '^(TestEscape|TestCVE|TestForgetAbuse|TestStaleIDs)' ./test/integration/
 
 e2e: deps build
 	GOVIRTIOFSD_E2E=1 GOVIRTIOFSD_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -timeout 20m ./test/e2e/

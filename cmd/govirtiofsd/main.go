@@ -21,6 +21,7 @@ import (
 
 	"github.com/govirtiofsd/govirtiofsd/internal/fuse"
 	"github.com/govirtiofsd/govirtiofsd/internal/passthrough"
+	"github.com/govirtiofsd/govirtiofsd/internal/sandbox"
 	"github.com/govirtiofsd/govirtiofsd/internal/vhostuser"
 )
 
@@ -29,6 +30,10 @@ var version = "0.1.0-dev"
 
 func main() {
 	if err := newCommand().Execute(); err != nil {
+		var exit *sandbox.Exit
+		if errors.As(err, &exit) {
+			os.Exit(exit.Code) // the sandboxed daemon's status, already reported
+		}
 		fmt.Fprintln(os.Stderr, "govirtiofsd:", err)
 		os.Exit(1)
 	}
@@ -68,28 +73,46 @@ func run(o *Options) error {
 	if o.SharedDir == "" {
 		return errors.New("--shared-dir (or -o source=) is required")
 	}
-	if st, err := os.Stat(o.SharedDir); err != nil {
-		return fmt.Errorf("shared directory: %w", err)
-	} else if !st.IsDir() {
-		return fmt.Errorf("shared directory %s is not a directory", o.SharedDir)
-	}
 	if (o.SocketPath == "") == (o.FD < 0) {
 		return errors.New("give exactly one of --socket-path and --fd")
 	}
 	if o.Queues < 1 || o.Queues > vhostuser.MaxRings-1 {
 		return fmt.Errorf("--queues %d: want 1..%d", o.Queues, vhostuser.MaxRings-1)
 	}
-
-	ln, err := listen(o)
+	sbcfg, err := sandboxConfig(o, log)
+	if err != nil {
+		return err
+	}
+	// The process that created the socket removes it: the supervisor of a
+	// sandboxed daemon, or the daemon itself with --sandbox none (inside a
+	// sandbox the path would name a file of the share).
+	ownSocket := o.SocketPath != "" && !sandbox.Resumed()
+	if !sandbox.Resumed() {
+		// Checked (and raised) here, where the host's paths and
+		// CAP_SYS_RESOURCE are still at hand.
+		if st, err := os.Stat(o.SharedDir); err != nil {
+			return fmt.Errorf("shared directory: %w", err)
+		} else if !st.IsDir() {
+			return fmt.Errorf("shared directory %s is not a directory", o.SharedDir)
+		}
+		if err := setNofile(o, log); err != nil {
+			return err
+		}
+	}
+	in, err := enterSandbox(o, sbcfg)
+	if err != nil {
+		return err
+	}
+	ln, err := handedListener(in)
 	if err != nil {
 		return err
 	}
 	defer ln.Close()
-	var metricsLn net.Listener
-	if o.MetricsAddr != "" {
-		if metricsLn, err = listenMetrics(o.MetricsAddr); err != nil {
-			return err
-		}
+	metricsLn, err := handedMetrics(in)
+	if err != nil {
+		return err
+	}
+	if metricsLn != nil {
 		defer metricsLn.Close()
 	}
 
@@ -97,7 +120,7 @@ func run(o *Options) error {
 	if workers < 0 {
 		workers = runtime.NumCPU()
 	}
-	fsys, err := newFileSystem(o, log)
+	fsys, err := newFileSystem(o, in)
 	if err != nil {
 		return err
 	}
@@ -128,14 +151,18 @@ func run(o *Options) error {
 		log.Info("signal received, exiting", "signal", s.String())
 		// Remove the socket we created, without closing the listener: a
 		// failing Accept must not race this exit with an error.
-		if o.SocketPath != "" {
+		if ownSocket {
 			os.Remove(o.SocketPath)
 		}
-		if ul, ok := metricsLn.(*net.UnixListener); ok {
-			os.Remove(ul.Addr().String())
+		if p := metricsSocketPath(o.MetricsAddr); p != "" && !sandbox.Resumed() {
+			os.Remove(p)
 		}
 		os.Exit(0)
 	}()
+
+	if err := in.Lock(); err != nil {
+		return err
+	}
 
 	log.Info("waiting for vhost-user connection", "socket", o.SocketPath, "fd", o.FD, "shared_dir", o.SharedDir)
 	c, err := ln.AcceptUnix()
@@ -145,6 +172,9 @@ func run(o *Options) error {
 	// One front end per daemon, as with the C and Rust daemons: stop
 	// listening (and remove the socket) once it is connected.
 	ln.Close()
+	if ownSocket {
+		os.Remove(o.SocketPath)
+	}
 	log.Info("front end connected")
 	defer c.Close()
 	if err := backend.Serve(c); err != nil {
@@ -202,10 +232,10 @@ func newLogger(level string) (*slog.Logger, error) {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
 }
 
-// newFileSystem builds the passthrough file system from the options and
-// prepares the process for it: supplementary groups dropped
-// (CVE-2022-0358) and RLIMIT_NOFILE raised.
-func newFileSystem(o *Options, log *slog.Logger) (*passthrough.FS, error) {
+// newFileSystem builds the passthrough file system on the sandbox's view of
+// the shared directory and prepares the process for it: supplementary
+// groups dropped (CVE-2022-0358).
+func newFileSystem(o *Options, in *sandbox.Inside) (*passthrough.FS, error) {
 	cache, err := passthrough.ParseCacheMode(o.Cache)
 	if err != nil {
 		return nil, err
@@ -230,6 +260,7 @@ func newFileSystem(o *Options, log *slog.Logger) (*passthrough.FS, error) {
 		Flock:             o.Flock,
 		ReadOnly:          o.ReadOnly,
 		PreserveNoatime:   o.PreserveNoatime,
+		ProcSelfFD:        in.ProcSelfFD(),
 	}
 	if o.Timeout != "" {
 		secs, err := strconv.ParseFloat(o.Timeout, 64)
@@ -241,18 +272,25 @@ func newFileSystem(o *Options, log *slog.Logger) (*passthrough.FS, error) {
 	if err := passthrough.DropSupplementaryGroups(); err != nil {
 		return nil, err
 	}
+	return passthrough.New(in.Root(), popts)
+}
+
+// setNofile applies --rlimit-nofile before the sandbox drops
+// CAP_SYS_RESOURCE (the limit is inherited by its stages): not given, raise
+// it to the default; N, set exactly N, as the Rust daemon does; 0, leave it.
+func setNofile(o *Options, log *slog.Logger) error {
 	switch {
-	case o.RlimitNofile < 0: // not given: raise to the default
+	case o.RlimitNofile < 0:
 		limit := defaultNofile()
 		if got, err := passthrough.RaiseNofileLimit(limit); err != nil {
 			log.Warn("cannot raise RLIMIT_NOFILE", "want", limit, "have", got, "err", err)
 		}
-	case o.RlimitNofile > 0: // exactly this, as the Rust daemon does
+	case o.RlimitNofile > 0:
 		if err := passthrough.SetNofileLimit(uint64(o.RlimitNofile)); err != nil {
-			return nil, fmt.Errorf("--rlimit-nofile %d: %w", o.RlimitNofile, err)
+			return fmt.Errorf("--rlimit-nofile %d: %w", o.RlimitNofile, err)
 		}
-	} // 0: leave it unchanged
-	return passthrough.New(o.SharedDir, popts)
+	}
+	return nil
 }
 
 // defaultNofile is min(1,000,000, fs.nr_open), as the Rust daemon uses.

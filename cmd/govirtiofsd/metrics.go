@@ -23,12 +23,8 @@ import (
 // reach.
 func listenMetrics(addr string) (net.Listener, error) {
 	network, address := "tcp", addr
-	if p, ok := strings.CutPrefix(addr, "unix:"); ok {
+	if p := metricsSocketPath(addr); p != "" {
 		network, address = "unix", p
-	} else if strings.HasPrefix(addr, "/") {
-		network = "unix"
-	}
-	if network == "unix" {
 		if st, err := os.Lstat(address); err == nil && st.Mode()&os.ModeSocket != 0 {
 			os.Remove(address) // a stale socket from an earlier run
 		}
@@ -38,6 +34,18 @@ func listenMetrics(addr string) (net.Listener, error) {
 		return nil, fmt.Errorf("--metrics-addr %s: %w", addr, err)
 	}
 	return ln, nil
+}
+
+// metricsSocketPath is the unix socket path of a --metrics-addr, or "" for
+// a TCP address.
+func metricsSocketPath(addr string) string {
+	if p, ok := strings.CutPrefix(addr, "unix:"); ok {
+		return p
+	}
+	if strings.HasPrefix(addr, "/") {
+		return addr
+	}
+	return ""
 }
 
 // metricsSource is everything a scrape reads.

@@ -47,6 +47,13 @@ type Options struct {
 
 	// MetricsAddr serves Prometheus metrics: HOST:PORT, or unix:PATH.
 	MetricsAddr string
+
+	// Sandbox (internal/sandbox).
+	Sandbox string
+	Seccomp string
+	Modcaps string
+	UIDMaps []string
+	GIDMaps []string
 }
 
 // optKind says how an option's value is parsed.
@@ -160,6 +167,18 @@ var optionTable = []option{
 		set: setString(func(o *Options) *string { return &o.MetricsAddr })},
 	{short: "f", kind: optBool, usage: "stay in the foreground (always the case)",
 		set: setBool(func(o *Options) *bool { return &o.Foreground })},
+
+	// Sandbox (internal/sandbox).
+	{long: "sandbox", oKey: "sandbox", kind: optString, usage: "confinement: namespace (default), chroot or none",
+		set: setString(func(o *Options) *string { return &o.Sandbox })},
+	{long: "seccomp", oKey: "seccomp", kind: optString, usage: "action on a system call outside the allowlist: kill (default), log, trap or none",
+		set: setString(func(o *Options) *string { return &o.Seccomp })},
+	{long: "modcaps", oKey: "modcaps", kind: optString, usage: "change the kept capabilities, e.g. +sys_admin:-mknod",
+		set: setString(func(o *Options) *string { return &o.Modcaps })},
+	{long: "uid-map", kind: optString, usage: "user namespace uid map :namespace_uid:host_uid:count: (repeatable)",
+		set: func(o *Options, v string) error { o.UIDMaps = append(o.UIDMaps, v); return nil }},
+	{long: "gid-map", kind: optString, usage: "user namespace gid map :namespace_gid:host_gid:count: (repeatable)",
+		set: func(o *Options, v string) error { o.GIDMaps = append(o.GIDMaps, v); return nil }},
 }
 
 // flagValue feeds one option's flag into the Options in command-line order.

@@ -52,6 +52,13 @@ func TestDialects(t *testing.T) {
 			return o.Cache == "always" && o.LogLevel == "debug"
 		}},
 		{"-f accepted", []string{"-f", "--fd=3"}, func(o *Options) bool { return o.Foreground && o.FD == 3 }},
+		{"libvirt sandbox", []string{"-o", "source=/p,sandbox=chroot,modcaps=+sys_admin", "--seccomp=log"}, func(o *Options) bool {
+			return o.Sandbox == "chroot" && o.Modcaps == "+sys_admin" && o.Seccomp == "log"
+		}},
+		{"sandbox last wins", []string{"--sandbox", "none", "-o", "sandbox=namespace"}, func(o *Options) bool { return o.Sandbox == "namespace" }},
+		{"id maps accumulate", []string{"--uid-map", ":0:1000:1:", "--uid-map=:1:100000:65536:", "--gid-map", ":0:1000:1:"}, func(o *Options) bool {
+			return reflect.DeepEqual(o.UIDMaps, []string{":0:1000:1:", ":1:100000:65536:"}) && reflect.DeepEqual(o.GIDMaps, []string{":0:1000:1:"})
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o, fs := newFlagSet()

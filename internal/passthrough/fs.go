@@ -143,6 +143,11 @@ type Options struct {
 
 	ReadOnly        bool // refuse every modification with EROFS
 	PreserveNoatime bool // keep the guest's O_NOATIME (dropped by default)
+
+	// ProcSelfFD is an fd of /proc/self/fd (O_PATH is enough) taken
+	// before a sandbox hid /proc; New duplicates it. Nil: New opens
+	// /proc/self/fd itself.
+	ProcSelfFD *os.File
 }
 
 // rootID is FUSE_ROOT_ID.
@@ -220,7 +225,12 @@ func New(root string, opts Options) (*FS, error) {
 		f.keys[i].m = make(map[inodeKey]*inode)
 	}
 
-	proc, err := unix.Open("/proc/self/fd", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	var proc int
+	if opts.ProcSelfFD != nil {
+		proc, err = unix.FcntlInt(opts.ProcSelfFD.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	} else {
+		proc, err = unix.Open("/proc/self/fd", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open /proc/self/fd: %w", err)
 	}

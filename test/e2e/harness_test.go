@@ -292,6 +292,16 @@ func startDaemon(t *testing.T, kind daemonKind, sock, shared, logPath string, ex
 	fmt.Fprintf(f, "# %s\n", strings.Join(cmd.Args, " "))
 	cmd.Stdout, cmd.Stderr = f, f
 	d := &daemon{process: startProcess(t, cmd), kind: kind, logPath: logPath}
+	if kind == ourDaemon {
+		// Ours runs in its default sandbox (--seccomp kill): a system
+		// call outside the allowlist kills it, and its supervisor says
+		// so. Whatever the test made of the dead daemon, say why.
+		t.Cleanup(func() {
+			if b, err := os.ReadFile(logPath); err == nil && strings.Contains(string(b), "killed by signal") {
+				t.Errorf("govirtiofsd was killed (seccomp?): %s\n%s", logPath, tail(logPath, 5))
+			}
+		})
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if fi, err := os.Stat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {

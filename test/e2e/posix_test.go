@@ -54,18 +54,6 @@ var intendedDifferences = map[string]intendedDifference{
 		Ours: "linked", Reference: "",
 		Reason: "follows from tmpfile",
 	},
-	"xattr.trusted": {
-		Ours: "ok", Reference: "EPERM",
-		Reason: "trusted.* needs CAP_SYS_ADMIN in the daemon: the C daemon drops it (it keeps only the capabilities DESIGN §5 lists); ours runs without a capability-dropping sandbox for now. Expected to disappear when ours drops capabilities",
-	},
-	"xattr.trusted.get": {
-		Ours: "tval", Reference: "ENODATA",
-		Reason: "follows from xattr.trusted",
-	},
-	"xattr.fifo.trusted": {
-		Ours: "ok", Reference: "EPERM",
-		Reason: "as xattr.trusted (CAP_SYS_ADMIN), on a FIFO",
-	},
 	"statx.btime": {
 		Kernels: []string{"6.12."},
 		Ours:    "btime=1 btime_ok=1", Reference: "btime=0 btime_ok=0",

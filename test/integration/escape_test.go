@@ -1061,20 +1061,21 @@ func TestEscapeMovedOutDir(t *testing.T) {
 
 // ---- CVE-2020-35517 ----
 
-// escOpenedNonPath lists the daemon's fds on path that are not O_PATH.
-func escOpenedNonPath(t *testing.T, pid int, path string) []string {
+// escOpenedNonPath lists the daemon's fds on path (as the daemon names it:
+// daemon.daemonPath) that are not O_PATH, and counts all its fds on path.
+func escOpenedNonPath(t *testing.T, pid int, path string) (bad []string, fds int) {
 	t.Helper()
 	dir := fmt.Sprintf("/proc/%d/fd", pid)
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var bad []string
 	for _, de := range ents {
 		target, err := os.Readlink(filepath.Join(dir, de.Name()))
 		if err != nil || target != path {
 			continue
 		}
+		fds++
 		info, err := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, de.Name()))
 		if err != nil {
 			continue
@@ -1088,7 +1089,7 @@ func escOpenedNonPath(t *testing.T, pid int, path string) []string {
 			}
 		}
 	}
-	return bad
+	return bad, fds
 }
 
 // TestCVE2020_35517 makes a FIFO and a character device (/dev/null's 1:3)
@@ -1153,8 +1154,12 @@ func TestCVE2020_35517(t *testing.T) {
 		}
 		try("OPENDIR "+name, vmm.OpOpendir, n, escOpenArgs(syscall.O_RDONLY), 16)
 		try("SETATTR size 0 "+name, vmm.OpSetattr, n, escSetattrArgs(escFattrSize, 0, 0, 0), vmm.FuseAttrOutSize)
-		if bad := escOpenedNonPath(t, e.d.pid(), filepath.Join(e.d.dir, name)); len(bad) > 0 {
+		bad, fds := escOpenedNonPath(t, e.d.pid(), e.d.daemonPath(filepath.Join(e.d.dir, name)))
+		if len(bad) > 0 {
 			t.Errorf("the daemon holds %s open for I/O: %s", name, strings.Join(bad, ", "))
+		}
+		if fds == 0 {
+			t.Errorf("no fd of the daemon on %s (its O_PATH inode fd): the check above saw nothing", name)
 		}
 		// Still a plain metadata object: GETATTR and chmod work.
 		if a, err := e.c.Getattr(n); err != nil || a.Attr.Mode&syscall.S_IFMT != ent.Attr.Mode&syscall.S_IFMT {
@@ -1175,37 +1180,7 @@ func TestCVE2020_35517(t *testing.T) {
 // given credentials (e.g. extra supplementary groups).
 func escStartCred(t *testing.T, cred *syscall.Credential, extra ...string) *daemon {
 	t.Helper()
-	sockDir, err := os.MkdirTemp("", "gvfs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	tmp := t.TempDir()
-	d := &daemon{t: t, sock: filepath.Join(sockDir, "vhost.sock"), dir: filepath.Join(tmp, "share"),
-		logPath: filepath.Join(tmp, "daemon.log"), done: make(chan struct{})}
-	if err := os.Mkdir(d.dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	logf, err := os.Create(d.logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	args := append([]string{"--socket-path", d.sock, "--shared-dir", d.dir, "--log-level", "debug"}, extra...)
-	d.cmd = exec.Command(daemonBin, args...)
-	d.cmd.Stdout, d.cmd.Stderr = logf, logf
-	d.cmd.Env = append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=100"))
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	if err := d.cmd.Start(); err != nil {
-		logf.Close()
-		t.Fatal(err)
-	}
-	logf.Close()
-	go func() {
-		d.waitErr = d.cmd.Wait()
-		close(d.done)
-	}()
-	t.Cleanup(d.finish)
-	return d
+	return startDaemonCred(t, cred, extra...)
 }
 
 // escProcGroups returns the Groups: line of /proc/PID/status.

@@ -23,8 +23,27 @@ import (
 	"github.com/govirtiofsd/govirtiofsd/test/vmm"
 )
 
-// daemonBin is the race-enabled daemon built by TestMain.
+// daemonBin is the daemon under test: by default the race-enabled build
+// made by TestMain, run with --sandbox none --seccomp none (a race build is
+// dynamic, and the race runtime makes system calls outside the allowlist);
+// with GOVIRTIOFSD_INTEGRATION_BIN the static daemon (make build) in the
+// sandbox GOVIRTIOFSD_INTEGRATION_SANDBOX (namespace, the default, chroot
+// or none) with the default --seccomp kill.
 var daemonBin string
+
+// testTmp is a directory for the whole run.
+var testTmp string
+
+// sandboxMode is the static daemon's --sandbox, "" for the race build.
+var sandboxMode string
+
+// sandboxArgs are the daemon's sandbox options for this run.
+func sandboxArgs() []string {
+	if sandboxMode == "" {
+		return []string{"--sandbox", "none", "--seccomp", "none"}
+	}
+	return []string{"--sandbox", sandboxMode}
+}
 
 // exitTimeout is how long the daemon may take to exit after the front end
 // disconnects.
@@ -53,6 +72,25 @@ func buildAndRun(m *testing.M) (int, error) {
 		return 0, err
 	}
 	defer os.RemoveAll(tmp)
+	testTmp = tmp
+	if bin := os.Getenv("GOVIRTIOFSD_INTEGRATION_BIN"); bin != "" {
+		if daemonBin, err = filepath.Abs(bin); err != nil {
+			return 0, err
+		}
+		if _, err := os.Stat(daemonBin); err != nil {
+			return 0, fmt.Errorf("GOVIRTIOFSD_INTEGRATION_BIN: %w", err)
+		}
+		sandboxMode = os.Getenv("GOVIRTIOFSD_INTEGRATION_SANDBOX")
+		switch sandboxMode {
+		case "":
+			sandboxMode = "namespace"
+		case "namespace", "chroot", "none":
+		default:
+			return 0, fmt.Errorf("GOVIRTIOFSD_INTEGRATION_SANDBOX=%q: want namespace, chroot or none", sandboxMode)
+		}
+		fmt.Printf("integration: %s with --sandbox %s --seccomp kill\n", daemonBin, sandboxMode)
+		return m.Run(), nil
+	}
 	daemonBin = filepath.Join(tmp, "govirtiofsd")
 	goTool, err := exec.LookPath("go")
 	if err != nil {
@@ -79,6 +117,9 @@ type daemon struct {
 	// allowExit1 accepts exit status 1 (a stream the daemon had to give
 	// up on) as well as 0.
 	allowExit1 bool
+	// expectSIGSYS wants the sandboxed daemon killed by seccomp: the
+	// supervisor's status 128+SIGSYS and its report in the log.
+	expectSIGSYS bool
 
 	mu       sync.Mutex
 	devs     []*vmm.Device
@@ -89,6 +130,33 @@ type daemon struct {
 // extra arguments, and registers the end-of-test checks.
 func startDaemon(t *testing.T, extra ...string) *daemon {
 	t.Helper()
+	return startDaemonCred(t, nil, extra...)
+}
+
+// startDaemonCred is startDaemon with the daemon's credentials (nil: ours).
+func startDaemonCred(t *testing.T, cred *syscall.Credential, extra ...string) *daemon {
+	t.Helper()
+	return startDaemonWith(t, daemonSpec{cred: cred}, extra...)
+}
+
+// daemonSpec is how startDaemonWith starts the daemon.
+type daemonSpec struct {
+	bin  string              // "" is daemonBin
+	env  []string            // added to ours
+	cred *syscall.Credential // nil: ours
+	// files are inherited from fd 3 on (as if leaked by whoever
+	// started the daemon).
+	files []*os.File
+}
+
+// startDaemonWith is startDaemon as spec says. A daemon with another uid
+// gets the share and the socket's directory, and a path to them.
+func startDaemonWith(t *testing.T, spec daemonSpec, extra ...string) *daemon {
+	t.Helper()
+	bin := spec.bin
+	if bin == "" {
+		bin = daemonBin
+	}
 	sockDir, err := os.MkdirTemp("", "gvfs")
 	if err != nil {
 		t.Fatal(err)
@@ -100,16 +168,33 @@ func startDaemon(t *testing.T, extra ...string) *daemon {
 	if err := os.Mkdir(d.dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if c := spec.cred; c != nil && c.Uid != 0 {
+		for _, p := range []string{filepath.Dir(tmp), tmp} {
+			if err := os.Chmod(p, 0o711); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, p := range []string{d.dir, sockDir} {
+			if err := os.Chown(p, int(c.Uid), int(c.Gid)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	logf, err := os.Create(d.logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{"--socket-path", d.sock, "--shared-dir", d.dir, "--log-level", "debug"}, extra...)
-	d.cmd = exec.Command(daemonBin, args...)
+	args := append([]string{"--socket-path", d.sock, "--shared-dir", d.dir, "--log-level", "debug"}, sandboxArgs()...)
+	d.cmd = exec.Command(bin, append(args, extra...)...)
 	d.cmd.Stdout, d.cmd.Stderr = logf, logf
 	// Keep the race runtime's exit pause short: the daemon must be gone
 	// within exitTimeout.
 	d.cmd.Env = append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=100"))
+	d.cmd.Env = append(d.cmd.Env, spec.env...)
+	d.cmd.ExtraFiles = spec.files
+	if spec.cred != nil {
+		d.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: spec.cred}
+	}
 	if err := d.cmd.Start(); err != nil {
 		logf.Close()
 		t.Fatal(err)
@@ -123,8 +208,30 @@ func startDaemon(t *testing.T, extra ...string) *daemon {
 	return d
 }
 
-// pid is the daemon's process id.
-func (d *daemon) pid() int { return d.cmd.Process.Pid }
+// pid is the id of the process that serves: the supervisor's child in a
+// namespace or chroot sandbox (call it once the daemon has answered).
+func (d *daemon) pid() int {
+	p := d.cmd.Process.Pid
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", p, p))
+	if f := strings.Fields(string(b)); err == nil && len(f) == 1 {
+		if c, err := strconv.Atoi(f[0]); err == nil {
+			return c
+		}
+	}
+	return p
+}
+
+// daemonPath is how the serving process names the host path p of the
+// share in its fd links: relative to the share in a namespace sandbox.
+func (d *daemon) daemonPath(p string) string {
+	if d.pid() == d.cmd.Process.Pid || sandboxMode != "namespace" {
+		return p
+	}
+	if p == d.dir {
+		return "/"
+	}
+	return strings.TrimPrefix(p, d.dir)
+}
 
 // exited reports whether the daemon has exited.
 func (d *daemon) exited() bool {
@@ -220,6 +327,13 @@ func (d *daemon) checkExit(since time.Time) {
 		}
 	}
 	code := d.cmd.ProcessState.ExitCode()
+	log := d.log()
+	if d.expectSIGSYS {
+		if code != 128+int(syscall.SIGSYS) || !strings.Contains(log, "killed by signal SIGSYS") {
+			d.t.Errorf("daemon exited with %v, want a seccomp kill (status %d and the supervisor's report)", d.waitErr, 128+int(syscall.SIGSYS))
+		}
+		return
+	}
 	switch {
 	case code == 0:
 	case code == 1 && d.allowExit1:
@@ -228,8 +342,7 @@ func (d *daemon) checkExit(since time.Time) {
 	default:
 		d.t.Errorf("daemon exited with %v", d.waitErr)
 	}
-	log := d.log()
-	for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:", "SIGBUS", "SIGSEGV"} {
+	for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:", "SIGBUS", "SIGSEGV", "SIGSYS", "killed by signal"} {
 		if strings.Contains(log, bad) {
 			d.t.Errorf("daemon log contains %q", bad)
 		}

@@ -471,7 +471,7 @@ t_xattr() {
 	expect xattr.dir.list "$(fsops listx "$P/xdir")" user.dir
 	# user.* is not allowed on symlinks (the guest kernel or the host says EPERM)
 	expect xattr.symlink "$(fsops lsetx "$P/sl" user.test v)" EPERM
-	# trusted.* needs CAP_SYS_ADMIN in the daemon (which the C daemon drops)
+	# trusted.* needs CAP_SYS_ADMIN in the daemon, which both daemons' sandboxes drop
 	note xattr.trusted "$(fsops setx "$P/xa" trusted.test tval)"
 	note xattr.trusted.get "$(fsops getx "$P/xa" trusted.test)"
 	expect xattr.empty_list "$(fsops listx "$P/a")" -
