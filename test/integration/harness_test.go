@@ -210,11 +210,21 @@ func startDaemonWith(t *testing.T, spec daemonSpec, extra ...string) *daemon {
 
 // pid is the id of the process that serves: the supervisor's child in a
 // namespace or chroot sandbox (call it once the daemon has answered).
+//
+// A child is listed in the children file of the thread that forked it,
+// any of the supervisor's threads: all of them are read.
 func (d *daemon) pid() int {
 	p := d.cmd.Process.Pid
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", p, p))
-	if f := strings.Fields(string(b)); err == nil && len(f) == 1 {
-		if c, err := strconv.Atoi(f[0]); err == nil {
+	files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", p))
+	var kids []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err == nil {
+			kids = append(kids, strings.Fields(string(b))...)
+		}
+	}
+	if len(kids) == 1 {
+		if c, err := strconv.Atoi(kids[0]); err == nil {
 			return c
 		}
 	}
