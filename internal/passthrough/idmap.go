@@ -1,6 +1,7 @@
 package passthrough
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -168,19 +169,9 @@ func addRule(rules []idRule, r *idRule, dir, spec string) ([]idRule, error) {
 		}
 	}
 	i, _ := slices.BinarySearchFunc(rules, r.first, func(o idRule, id uint32) int {
-		return cmpUint32(o.first, id)
+		return cmp.Compare(o.first, id)
 	})
 	return slices.Insert(rules, i, *r), nil
-}
-
-func cmpUint32(a, b uint32) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func lookup(rules []idRule, id uint32) (uint32, bool) {
