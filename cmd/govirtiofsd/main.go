@@ -152,6 +152,13 @@ func run(o *Options, stdout io.Writer) error {
 		return daemonize(ln, lock)
 	}
 	defer cleanup()
+	var metricsLn net.Listener
+	if o.MetricsAddr != "" {
+		if metricsLn, err = listenMetrics(o.MetricsAddr); err != nil {
+			return err
+		}
+		defer metricsLn.Close()
+	}
 
 	workers := o.ThreadPoolSize
 	if workers < 0 {
@@ -161,12 +168,13 @@ func run(o *Options, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fs := fuse.NewServer(fsys, fuse.ServerOptions{}, log)
+	fs := fuse.NewServer(fsys, fuse.ServerOptions{Metrics: metricsLn != nil}, log)
 	backend, err := vhostuser.NewBackend(vhostuser.Config{
 		RequestQueues: o.Queues,
 		Tag:           o.Tag,
 		Logger:        log,
 		Workers:       workers,
+		Metrics:       metricsLn != nil,
 		Handler: vhostuser.HandlerFunc(func(i int) vhostuser.RequestHandler {
 			return fs.Queue(i)
 		}),
@@ -175,14 +183,22 @@ func run(o *Options, stdout io.Writer) error {
 		return err
 	}
 
+	if metricsLn != nil {
+		serveMetrics(metricsLn, &metricsSource{fuse: fs, backend: backend, fs: fsys}, log)
+		log.Info("serving metrics", "addr", metricsLn.Addr().String())
+	}
+
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	go func() {
 		s := <-sigs
 		log.Info("signal received, exiting", "signal", s.String())
-		// Without closing the listener: a failing Accept must not race
-		// this exit with an error.
+		// Without closing the listeners: a failing Accept must not
+		// race this exit with an error.
 		cleanup()
+		if ul, ok := metricsLn.(*net.UnixListener); ok {
+			os.Remove(ul.Addr().String())
+		}
 		os.Exit(0)
 	}()
 
@@ -346,16 +362,17 @@ func newFileSystem(o *Options, log *slog.Logger) (*passthrough.FS, error) {
 	if err := passthrough.DropSupplementaryGroups(); err != nil {
 		return nil, err
 	}
-	if o.RlimitNofile != 0 { // 0: leave the limit as it is
-		limit := uint64(o.RlimitNofile)
-		if o.RlimitNofile < 0 {
-			limit = defaultNofile()
-		}
-		got, err := passthrough.RaiseNofileLimit(limit)
-		if err != nil {
+	switch {
+	case o.RlimitNofile < 0: // not given: raise to the default
+		limit := defaultNofile()
+		if got, err := passthrough.RaiseNofileLimit(limit); err != nil {
 			log.Warn("cannot raise RLIMIT_NOFILE", "want", limit, "have", got, "err", err)
 		}
-	}
+	case o.RlimitNofile > 0: // exactly this, as the Rust daemon does
+		if err := passthrough.SetNofileLimit(uint64(o.RlimitNofile)); err != nil {
+			return nil, fmt.Errorf("--rlimit-nofile %d: %w", o.RlimitNofile, err)
+		}
+	} // 0: leave it unchanged
 	if popts.TranslateUID, err = passthrough.NewIDMap(o.TranslateUID); err != nil {
 		return nil, fmt.Errorf("--translate-uid: %w", err)
 	}

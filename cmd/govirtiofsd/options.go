@@ -50,6 +50,9 @@ type Options struct {
 	RlimitNofile      int
 	ThreadPoolSize    int
 
+	// MetricsAddr serves Prometheus metrics: HOST:PORT, or unix:PATH.
+	MetricsAddr string
+
 	// Process and logging.
 	Daemonize   bool
 	SocketGroup string
@@ -320,10 +323,12 @@ var optionTable = []option{
 		set: setBool(func(o *Options) *bool { return &o.ReadOnly })},
 	{long: "preserve-noatime", kind: optBool, usage: "keep the guest's O_NOATIME",
 		set: setBool(func(o *Options) *bool { return &o.PreserveNoatime })},
-	{long: "rlimit-nofile", kind: optInt, usage: "RLIMIT_NOFILE to set (0: leave it; default min(1000000, fs.nr_open))",
+	{long: "rlimit-nofile", kind: optInt, usage: "set RLIMIT_NOFILE to N (0: leave it; default: raise to min(1000000, fs.nr_open))",
 		set: setUint(func(o *Options) *int { return &o.RlimitNofile })},
 	{long: "thread-pool-size", oKey: "thread_pool_size", kind: optInt, usage: "most requests served on worker threads at once (0: all inline; default: number of CPUs)",
 		set: setUint(func(o *Options) *int { return &o.ThreadPoolSize })},
+	{long: "metrics-addr", kind: optString, usage: "serve Prometheus metrics on HOST:PORT or unix:PATH (off by default)",
+		set: setString(func(o *Options) *string { return &o.MetricsAddr })},
 	{oKey: "max_idle_threads", kind: optInt, usage: "C daemon thread pool setting (accepted, no effect)",
 		note: "-o max_idle_threads has no effect: workers are goroutines, see --thread-pool-size", set: accept(optInt)},
 	{oKey: "allow_root", kind: optBool, usage: "FUSE mount option (accepted, no effect)",

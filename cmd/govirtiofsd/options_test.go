@@ -81,6 +81,7 @@ var parseCases = []struct {
 	{"-o thread_pool_size", []string{"-o", "thread_pool_size=0"}, true, func(o *Options) { o.ThreadPoolSize = 0 }},
 	{"--rlimit-nofile", []string{"--rlimit-nofile", "4096"}, true, func(o *Options) { o.RlimitNofile = 4096 }},
 	{"--rlimit-nofile 0", []string{"--rlimit-nofile=0"}, true, func(o *Options) { o.RlimitNofile = 0 }},
+	{"--metrics-addr", []string{"--metrics-addr", "unix:/run/m.sock"}, true, func(o *Options) { o.MetricsAddr = "unix:/run/m.sock" }},
 
 	// Process and logging.
 	{"--log-level", []string{"--log-level", "debug"}, true, func(o *Options) { o.LogLevel = "debug" }},

@@ -52,9 +52,9 @@ type benchCase struct {
 	want    uint32
 }
 
-func benchCases(tb testing.TB) (*Queue, map[string]benchCase) {
+func benchCases(tb testing.TB, opts ServerOptions) (*Queue, map[string]benchCase) {
 	fs := &benchFS{}
-	s := NewServer(fs, ServerOptions{}, quietLogger())
+	s := NewServer(fs, opts, quietLogger())
 	q := s.Queue(1)
 	if r := serve(tb, q, initReq(1, 7, 38, kernelInitFlags, kernelInitFlags2, 64), 0, 80, 0); errnoOf(r) != 0 {
 		tb.Fatalf("INIT: % x", r)
@@ -86,24 +86,32 @@ func (c benchCase) run(tb testing.TB, q *Queue) {
 }
 
 func BenchmarkServe(b *testing.B) {
-	q, cases := benchCases(b)
-	for _, name := range []string{"READ-4KiB", "READ-1MiB", "WRITE-4KiB", "WRITE-1MiB", "GETATTR"} {
-		c := cases[name]
-		b.Run(name, func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				c.run(b, q)
+	for _, metrics := range []bool{false, true} {
+		q, cases := benchCases(b, ServerOptions{Metrics: metrics})
+		for _, name := range []string{"READ-4KiB", "READ-1MiB", "WRITE-4KiB", "WRITE-1MiB", "GETATTR"} {
+			c := cases[name]
+			if metrics {
+				name += "-metrics"
 			}
-		})
+			b.Run(name, func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					c.run(b, q)
+				}
+			})
+		}
 	}
 }
 
-// The hot path allocates nothing (with debug logging off).
+// The hot path allocates nothing (with debug logging off), with metrics on
+// or off.
 func TestZeroAllocs(t *testing.T) {
-	q, cases := benchCases(t)
-	for name, c := range cases {
-		if a := testing.AllocsPerRun(100, func() { c.run(t, q) }); a != 0 {
-			t.Errorf("%s: %v allocations per request", name, a)
+	for _, metrics := range []bool{false, true} {
+		q, cases := benchCases(t, ServerOptions{Metrics: metrics})
+		for name, c := range cases {
+			if a := testing.AllocsPerRun(100, func() { c.run(t, q) }); a != 0 {
+				t.Errorf("%s (metrics %v): %v allocations per request", name, metrics, a)
+			}
 		}
 	}
 }

@@ -60,6 +60,8 @@ type ServerOptions struct {
 	// background requests (defaults as the Rust virtiofsd).
 	MaxBackground       uint16
 	CongestionThreshold uint16
+	// Metrics counts requests per opcode for WriteMetrics.
+	Metrics bool
 }
 
 func (o *ServerOptions) defaults() {
@@ -93,8 +95,10 @@ type Server struct {
 
 	// sess is nil before INIT and after DESTROY.
 	sess atomic.Pointer[session]
-	// mu serialises INIT and DESTROY (never taken on other requests).
-	mu sync.Mutex
+	// mu serialises INIT and DESTROY and guards stats (never taken on
+	// other requests).
+	mu    sync.Mutex
+	stats []*queueStats // one per Queue, with ServerOptions.Metrics
 }
 
 // NewServer returns a server that calls fs and logs to log.
@@ -118,7 +122,8 @@ type Queue struct {
 	dbuf   []byte             // GETXATTR/LISTXATTR/READLINK replies not contiguous in out
 	rd     dirEncoder
 	forget [16]byte
-	warned uint64 // rate limit for warnings
+	warned uint64      // rate limit for warnings
+	st     *queueStats // nil with metrics off
 }
 
 // replyBufSize holds the largest fixed-size reply (fuse_statx_out, 288 B).
@@ -164,7 +169,7 @@ type outs struct {
 
 // Queue returns the handler for ring index.
 func (s *Server) Queue(index int) *Queue {
-	q := &Queue{s: s, index: index, names: make([]byte, 0, initialNameBuf)}
+	q := &Queue{s: s, index: index, names: make([]byte, 0, initialNameBuf), st: s.newStats()}
 	q.rd.init(q)
 	return q
 }
@@ -176,7 +181,7 @@ const noReply = syscall.Errno(^uintptr(0))
 // into out (0 for requests that get no reply or cannot be answered).
 func (q *Queue) Serve(in, out *bufvec.Vec) uint32 {
 	var start time.Time
-	if q.s.debug {
+	if q.s.debug || q.st != nil {
 		start = time.Now()
 	}
 	hb := unsafe.Slice((*byte)(unsafe.Pointer(&q.h)), InHeaderSize)
@@ -192,6 +197,9 @@ func (q *Queue) Serve(in, out *bufvec.Vec) uint32 {
 	if errno != noReply {
 		written = q.reply(out, n, errno)
 	}
+	if q.st != nil {
+		q.st.record(q.h.Opcode, errno, time.Since(start), q.moved(n, errno))
+	}
 	if q.s.debug {
 		e := -int32(errno)
 		if errno == noReply {
@@ -201,6 +209,21 @@ func (q *Queue) Serve(in, out *bufvec.Vec) uint32 {
 			"nodeid", q.h.NodeId, "len", q.h.Length, "error", e, "latency", time.Since(start))
 	}
 	return written
+}
+
+// moved is the data a served READ or WRITE moved: the READ reply's payload,
+// the count in the WRITE reply.
+func (q *Queue) moved(n int, errno syscall.Errno) int {
+	if errno != 0 {
+		return 0
+	}
+	switch q.h.Opcode {
+	case OpRead:
+		return n
+	case OpWrite:
+		return int(binary.LittleEndian.Uint32(q.rbuf[OutHeaderSize:]))
+	}
+	return 0
 }
 
 // reply writes the out header and, on success, the payload of n bytes

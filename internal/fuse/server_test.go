@@ -533,3 +533,36 @@ func TestConcurrentQueues(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestUniqueZero: unique 0 marks a notification in the device-to-driver
+// direction, never a request; a guest that sends one anyway gets an answer
+// like any other (its unique echoed) and the queue keeps serving.
+func TestUniqueZero(t *testing.T) {
+	f := newFakeFS()
+	_, q := newSession(t, f)
+	for _, op := range []uint32{OpGetattr, OpForget, OpLookup} {
+		var args []byte
+		var names []string
+		switch op {
+		case OpGetattr:
+			args = make([]byte, 16)
+		case OpForget:
+			args = make([]byte, 8)
+		case OpLookup:
+			names = []string{"x"}
+		}
+		r := serve(t, q, mkreq(op, 0, args, names, nil), 0, 256, 0)
+		if op == OpForget {
+			if len(r) != 0 {
+				t.Errorf("FORGET with unique 0 answered: % x", r)
+			}
+			continue
+		}
+		if len(r) < OutHeaderSize || binary.LittleEndian.Uint64(r[8:]) != 0 {
+			t.Errorf("%s with unique 0: reply % x", OpName(op), r)
+		}
+	}
+	if r := serve(t, q, mkreq(OpGetattr, 7, make([]byte, 16), nil, nil), 0, 256, 0); errnoOf(r) != 0 {
+		t.Fatalf("GETATTR after unique-0 requests: error %d", errnoOf(r))
+	}
+}

@@ -519,3 +519,15 @@ func RaiseNofileLimit(n uint64) (uint64, error) {
 	}
 	return want.Cur, nil
 }
+
+// SetNofileLimit sets RLIMIT_NOFILE to exactly n, soft and hard (an
+// explicit --rlimit-nofile, which may also lower it).
+func SetNofileLimit(n uint64) error {
+	return unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: n, Max: n})
+}
+
+// OpenCounts reports the inodes the guest holds (the root included) and
+// the open file and directory handles, for metrics.
+func (f *FS) OpenCounts() (inodes, handles int) {
+	return f.nodes.len() + 1, f.handles.len() // the root is not in the table
+}

@@ -97,6 +97,8 @@ type Config struct {
 	// inline on its ring's goroutine. Each ring hands a request to a
 	// worker only when its handler classifies it as heavy.
 	Workers int
+	// Metrics keeps per-ring counters for WriteMetrics.
+	Metrics bool
 }
 
 // Backend serves one vhost-user connection.
@@ -118,6 +120,7 @@ type Backend struct {
 	rings       [MaxRings]*vring
 	backend     BackendChannel
 	busyWorkers atomic.Int32
+	stats       *[MaxRings]ringStats // nil with Config.Metrics off
 }
 
 // NewBackend returns a back end for cfg.
@@ -138,6 +141,9 @@ func NewBackend(cfg Config) (*Backend, error) {
 		cfg.Logger = slog.Default()
 	}
 	b := &Backend{cfg: cfg, log: cfg.Logger}
+	if cfg.Metrics {
+		b.stats = new([MaxRings]ringStats)
+	}
 	b.offered = featVersion1 | featIndirectDesc | featEventIdx | featProtocolFeatures
 	b.protoOffered = protoMQ | protoReplyAck | protoBackendReq | protoBackendSendFD |
 		protoResetDevice | protoConfigureMemSlots | protoStatus

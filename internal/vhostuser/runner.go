@@ -67,13 +67,18 @@ type runner struct {
 	slots    []*slot
 	free     chan *slot // slots not in use
 	cur      *slot      // the slot the ring goroutine holds, if any
+	stats    *ringStats // nil with metrics off
 }
 
 // pollInterval is how often a ring without a kick fd is polled.
 const pollInterval = 200 * time.Microsecond
 
 func startRunner(r *vring, q *virtqueue.Queue, kickFD int, slots []*slot) *runner {
-	rn := &runner{r: r, q: q, done: make(chan struct{}), slots: slots, free: make(chan *slot, len(slots))}
+	rn := &runner{r: r, q: q, done: make(chan struct{}), slots: slots, free: make(chan *slot, len(slots)),
+		stats: r.b.ringStats(r.index)}
+	if rn.stats != nil {
+		rn.stats.active.Store(true)
+	}
 	for _, s := range slots {
 		rn.free <- s
 	}
@@ -137,6 +142,9 @@ func (rn *runner) onFault(e any) {
 
 func (rn *runner) serve() {
 	defer close(rn.done)
+	if rn.stats != nil {
+		defer rn.stats.active.Store(false)
+	}
 	debug.SetPanicOnFault(true)
 	defer func() {
 		if e := recover(); e != nil {
@@ -188,6 +196,9 @@ func (rn *runner) drain() {
 			r.log().Error("ring stopped serving", "err", err)
 			return
 		}
+		if rn.stats != nil {
+			rn.stats.seen.Store(uint32(q.SeenAvail()))
+		}
 		if !pending {
 			return
 		}
@@ -216,6 +227,10 @@ func (rn *runner) drainSeen(mem *virtqueue.GuestMemory) {
 			}
 			return
 		}
+		if rn.stats != nil {
+			rn.stats.popped.Add(1)
+			rn.stats.taken.Store(uint32(q.LastAvail()))
+		}
 		switch {
 		case err == nil:
 			if q.AllowsUnmapped() {
@@ -240,11 +255,14 @@ func (rn *runner) drainSeen(mem *virtqueue.GuestMemory) {
 			if err := q.PushNotify(s.chain.Head, written); err != nil {
 				r.log().Warn("notify guest", "err", err)
 			}
+			rn.completed()
 		case errors.Is(err, virtqueue.ErrBadChain):
 			rn.bad(err)
 			q.Push(s.chain.Head, 0)
+			rn.completed()
 		default: // ErrBadHead: nothing to return
 			rn.bad(err)
+			rn.completed()
 		}
 		rn.put(s)
 	}
@@ -289,7 +307,15 @@ func (s *slot) serveLent(rn *runner) {
 	if err := rn.q.PushNotify(s.chain.Head, written); err != nil {
 		rn.r.log().Warn("notify guest", "err", err)
 	}
+	rn.completed()
 	s.release()
+}
+
+// completed counts a chain answered (or dropped, for a bad head).
+func (rn *runner) completed() {
+	if rn.stats != nil {
+		rn.stats.completed.Add(1)
+	}
 }
 
 // bad logs a malformed chain, rate-limited: the 1st, 2nd, 4th, 8th... so a

@@ -155,6 +155,10 @@ func (q *Queue) AllowsUnmapped() bool { return q.allowUnmapped }
 // value GET_VRING_BASE reports once the ring is stopped.
 func (q *Queue) LastAvail() uint16 { return q.lastAvail }
 
+// SeenAvail is the avail index read by the last Snapshot: the chains
+// between LastAvail and it are published but not yet taken.
+func (q *Queue) SeenAvail() uint16 { return q.seenAvail }
+
 // Broken reports whether the ring stopped on an unrecoverable error.
 func (q *Queue) Broken() bool { return q.broken }
 

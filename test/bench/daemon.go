@@ -19,8 +19,9 @@ import (
 type Config struct {
 	Name  string
 	Ours  bool
-	Pool  int // --thread-pool-size; <0: not passed (the daemon's default)
-	Rings int // request rings the front end sets up
+	Pool  int    // --thread-pool-size; <0: not passed (the daemon's default)
+	Rings int    // request rings the front end sets up
+	Bin   string // binary, if not SuiteOptions' (an A/B build of ours)
 }
 
 // Label is a short column heading.

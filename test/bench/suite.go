@@ -37,6 +37,7 @@ func DefaultConfigs() []Config {
 		{Name: "ours", Ours: true, Pool: -1, Rings: 1},
 		{Name: "ours-2q", Ours: true, Pool: -1, Rings: 2},
 		{Name: "ours-pool1", Ours: true, Pool: 1, Rings: 1},
+		{Name: "ours-pool0", Ours: true, Pool: 0, Rings: 1},
 		{Name: "ref-pool0", Pool: 0, Rings: 1},
 		{Name: "ref-pool2", Pool: 2, Rings: 1},
 		{Name: "ref-pool1", Pool: 1, Rings: 1},
@@ -156,6 +157,9 @@ func cleanShare(share string) {
 }
 
 func (o *SuiteOptions) bin(c Config) string {
+	if c.Bin != "" {
+		return c.Bin
+	}
 	if c.Ours {
 		return o.OursBin
 	}
@@ -411,6 +415,39 @@ func (sr *SuiteResult) Print(out io.Writer) {
 			s := m.Res.Elapsed.Seconds()
 			row = append(row, fmt.Sprintf("%.2f / %.2f / %.2f  %.1fµs", m.DaemonCPU.Seconds()/s, m.Res.FrontCPU.Seconds()/s,
 				m.Res.OtherCPU.Seconds()/s, m.Res.FrontCPU.Seconds()*1e6/float64(max(m.Res.Ops, 1))))
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	tw.Flush()
+
+	// CPU per request is the figure a busy machine disturbs least: a
+	// daemon that is starved serves fewer requests but spends about the
+	// same per request.
+	fmt.Fprintf(out, "\nDaemon CPU µs per request (all its threads and processes); ratio = ours / the best of %s\n\n", strings.Join(RefCompared, ", "))
+	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, strings.Join(hdr[:len(o.Configs)+1], "\t")+"\tratio\t")
+	for _, w := range o.Workloads {
+		row := []string{w.Name}
+		cost := map[string]float64{}
+		for _, c := range o.Configs {
+			m := median(sr.Cells[w.Name][c.Name], w)
+			if m == nil {
+				row = append(row, "error")
+				continue
+			}
+			cost[c.Name] = m.DaemonCPU.Seconds() * 1e6 / float64(max(m.Res.Ops, 1))
+			row = append(row, fmt.Sprintf("%.1fµs", cost[c.Name]))
+		}
+		best := 0.0
+		for _, n := range RefCompared {
+			if v, ok := cost[n]; ok && (best == 0 || v < best) {
+				best = v
+			}
+		}
+		if v, ok := cost["ours"]; ok && best > 0 {
+			row = append(row, fmt.Sprintf("%.2fx", v/best))
+		} else {
+			row = append(row, "-")
 		}
 		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}

@@ -18,7 +18,7 @@
 //
 // Knobs:
 //
-//	GOVIRTIOFSD_STRESS_ITER=N   stop/restart iterations (default 200)
+//	GOVIRTIOFSD_STRESS_ITER=N   stop/restart iterations (default 1000)
 //	GOVIRTIOFSD_KNOWN_BUGS=1    run the tests of known, not yet fixed daemon bugs
 //	GOVIRTIOFSD_TEST_LOG=1      log every daemon's whole stderr
 package integration

@@ -494,3 +494,41 @@ func TestStreamBroken(t *testing.T) {
 		})
 	}
 }
+
+// TestStrayFds: fds attached to messages that take none (or more fds than
+// a message takes) are closed, the message is handled as if they were not
+// there, and the daemon's fd count does not grow.
+func TestStrayFds(t *testing.T) {
+	d, dev, c := startAckAll(t, opts())
+	ev1, ev2, ev3 := eventfd(t), eventfd(t), eventfd(t)
+	before := d.fdCount()
+	for i := 0; i < 20; i++ {
+		fds := []int{ev1, ev2, ev3}[:1+i%3]
+		m, err := dev.Conn.CallFlags(vmm.GetFeatures, nil, fds, false)
+		if err != nil {
+			t.Fatalf("GET_FEATURES with %d fds: %v", len(fds), err)
+		}
+		if v, err := m.U64(); err != nil || v != wantFeatures {
+			t.Fatalf("GET_FEATURES with %d fds: %#x, %v", len(fds), v, err)
+		}
+		m, err = dev.Conn.CallFlags(vmm.GetProtocolFeatures, nil, fds, false)
+		if err != nil {
+			t.Fatalf("GET_PROTOCOL_FEATURES with %d fds: %v", len(fds), err)
+		}
+		m.CloseFds()
+		m, err = dev.Conn.CallFlags(vmm.GetQueueNum, nil, fds, false)
+		if err != nil {
+			t.Fatalf("GET_QUEUE_NUM with %d fds: %v", len(fds), err)
+		}
+		m.CloseFds()
+		// SET_VRING_ENABLE on the running ring, with fds it does not take.
+		if _, err := dev.Conn.CallFlags(vmm.SetVringEnable, vmm.VringState{Index: 1, Num: 1}.Bytes(), fds, true); err != nil {
+			t.Fatalf("SET_VRING_ENABLE with %d stray fds: %v", len(fds), err)
+		}
+		c.check()
+	}
+	stillWorks(t, dev, c)
+	if after := d.fdCount(); after > before+2 {
+		t.Errorf("daemon fds grew from %d to %d: stray fds leak", before, after)
+	}
+}

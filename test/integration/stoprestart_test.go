@@ -25,9 +25,10 @@ import (
 // each appending a unique record; the host files must end up holding each
 // record exactly once, in order.
 //
-// GOVIRTIOFSD_STRESS_ITER sets the iteration count (default 200).
+// GOVIRTIOFSD_STRESS_ITER sets the iteration count (default 1000 cycles:
+// about 30 s with the race detector).
 func TestStopRestartExact(t *testing.T) {
-	iters := envInt("GOVIRTIOFSD_STRESS_ITER", 200)
+	iters := envInt("GOVIRTIOFSD_STRESS_ITER", 1000)
 	cases := []struct {
 		name     string
 		features uint64

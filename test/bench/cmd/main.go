@@ -34,7 +34,7 @@ func main() {
 	fileMiB := flag.Uint64("file-mib", 256, "size of each of the 4 data files")
 	flag.IntVar(&o.Rounds, "rounds", 3, "rounds, configurations interleaved (the median is reported)")
 	workloads := flag.String("workloads", "", "substrings selecting workloads, separated by | (default all)")
-	configs := flag.String("configs", "", "comma-separated configuration names (default all: ours,ours-2q,ours-pool1,ref-pool0,ref-pool2,ref-pool1)")
+	configs := flag.String("configs", "", "comma-separated configuration names (default all: ours,ours-2q,ours-pool1,ours-pool0,ref-pool0,ref-pool2,ref-pool1)")
 	flag.BoolVar(&o.RSS, "rss", true, "measure daemon memory")
 	flag.IntVar(&o.RSSDepth, "rss-depth", 64, "depth of the memory run")
 	flag.DurationVar(&o.RSSTime, "rss-duration", 2*time.Second, "length of the memory run")
@@ -42,9 +42,12 @@ func main() {
 	flag.IntVar(&o.IrqDiv, "irq-div", 0, "ask for an interrupt after inflight/N completions (0: after the next one, as Linux does)")
 	flag.BoolVar(&o.Raw, "raw", false, "experimental: sleep on the call eventfd with a raw read(2) (no Go scheduler hand-off; a GC waits for the next completion)")
 	cpuprofile := flag.String("cpuprofile", "", "write the front end's CPU profile here")
+	oursEnv := flag.String("ours-env", "", "space-separated NAME=VALUE entries added to our daemon's environment (experiments)")
+	alt := flag.String("alt", "", "another build of ours, run with default settings as configuration \"alt\" (A/B comparisons in one run)")
 	null := flag.Bool("null", false, "measure the front end alone against an in-process null device, then exit")
 	flag.Parse()
 	o.QueueSize = uint16(*queueSize)
+	o.OursEnv = strings.Fields(*oursEnv)
 	o.FileSize = *fileMiB << 20
 
 	if *cpuprofile != "" {
@@ -70,6 +73,9 @@ func main() {
 		if *configs == "" || contains(strings.Split(*configs, ","), c.Name) {
 			o.Configs = append(o.Configs, c)
 		}
+	}
+	if *alt != "" {
+		o.Configs = append(o.Configs, bench.Config{Name: "alt", Ours: true, Pool: -1, Rings: 1, Bin: *alt})
 	}
 	dir, err := os.MkdirTemp("", "govirtiofsd-bench-")
 	if err != nil {
