@@ -9,10 +9,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // dropInLine is one way a VMM manager launches virtiofsd, verbatim.
@@ -43,11 +46,24 @@ var dropInLines = []dropInLine{
 		return []string{"--fd=23", "-o", "source=" + libvirtEscape(d) + ",cache=none,sandbox=chroot,xattr"}
 	}},
 	{name: "libvirt-separate-options", fd: 23, debug: true, comma: true, args: func(d, _ string) []string {
-		return []string{"--fd=23", "--shared-dir", d, "--cache", "never", "--sandbox", "chroot", "--xattr", "--rlimit-nofile=65536", "--log-level", "debug"}
+		return []string{"--fd=23", "--shared-dir", d, "--cache", "never", "--sandbox", "chroot", "--xattr", "--rlimit-nofile=" + strconv.FormatUint(nofileForLibvirt(), 10), "--log-level", "debug"}
 	}},
 	{name: "socket-path", fd: -1, args: func(d, s string) []string {
 		return []string{"--socket-path=" + s, "--shared-dir=" + d}
 	}},
+}
+
+// nofileForLibvirt is the N of libvirt's --rlimit-nofile=N (from
+// <openfiles max='N'/>): 65536, or the hard limit if that is lower. The
+// daemon sets soft and hard limit to exactly N, as the Rust daemon does,
+// and raising the hard limit needs CAP_SYS_RESOURCE, which libvirtd has
+// and a test in a container may not.
+func nofileForLibvirt() uint64 {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		return 65536
+	}
+	return min(65536, rl.Max)
 }
 
 // TestDropInLaunchLines boots a guest (Linux 6.1) on the daemon started by
