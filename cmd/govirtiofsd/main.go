@@ -7,10 +7,13 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/signal"
+	"os/user"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -40,68 +43,166 @@ func main() {
 }
 
 func newCommand() *cobra.Command {
-	o := &Options{FD: -1, Queues: vhostuser.MaxRings - 1, LogLevel: "info", Cache: "auto", InodeFileHandles: "never", ThreadPoolSize: -1, RlimitNofile: -1}
+	o := &Options{FD: -1, Queues: vhostuser.MaxRings - 1, LogLevel: "info", Cache: "auto", InodeFileHandles: "never",
+		ThreadPoolSize: -1, RlimitNofile: -1}
 	cmd := &cobra.Command{
 		Use:           "govirtiofsd --socket-path PATH --shared-dir DIR",
 		Short:         "virtio-fs daemon: share a host directory with a virtual machine",
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		RunE:          func(cmd *cobra.Command, args []string) error { return run(o) },
+		RunE:          func(cmd *cobra.Command, args []string) error { return run(o, cmd.OutOrStdout()) },
 	}
 	cmd.SetVersionTemplate("") // -V is ours
 	registerFlags(cmd.Flags(), o)
 	return cmd
 }
 
-func run(o *Options) error {
+// capabilities is the vhost-user back-end capabilities JSON (QEMU's
+// docs/interop/vhost-user.json) libvirt reads: "separate-options" means
+// the long options are all understood. "migrate-precopy" is not offered:
+// migration is not implemented.
+const capabilities = `{
+  "type": "fs",
+  "features": [
+    "separate-options"
+  ]
+}`
+
+// Environment of a daemon started by --daemonize (see daemonize).
+const (
+	envDaemonChild = "GOVIRTIOFSD_DAEMONIZED" // "1" in the background daemon
+	childListenFD  = 3                        // the listening socket
+	childReadyFD   = 4                        // write end of the readiness pipe
+	childLockFD    = 5                        // the pid file lock, with --socket-path
+)
+
+func run(o *Options, stdout io.Writer) error {
 	if o.Version {
-		fmt.Printf("govirtiofsd %s\n", version)
+		fmt.Fprintf(stdout, "govirtiofsd %s\n", version)
 		return nil
 	}
 	if o.PrintCapabilities {
-		// The vhost-user back-end capabilities JSON (QEMU's
-		// docs/interop/vhost-user.json). Features are listed only once
-		// they are complete.
-		fmt.Println("{\n  \"type\": \"fs\",\n  \"features\": [\n  ]\n}")
+		fmt.Fprintln(stdout, capabilities)
 		return nil
 	}
-	log, err := newLogger(o.LogLevel)
+	if err := o.validate(); err != nil {
+		return err
+	}
+	// The first process opens everything outside the share; the stages of
+	// a sandboxed daemon (sandbox.Resumed) find it handed in.
+	first := !sandbox.Resumed()
+	// The syslog connection is opened first: nothing later may assume
+	// /dev/log is reachable (it is not inside a sandbox).
+	var syslogConn *net.UnixConn
+	if o.Syslog && first {
+		c, err := dialSyslog(syslogPath())
+		if err != nil {
+			// As syslog(3) does, lose nothing: fall back to stderr.
+			fmt.Fprintf(os.Stderr, "govirtiofsd: %v; logging to stderr\n", err)
+		} else {
+			syslogConn = c
+			defer c.Close()
+		}
+	}
+	var logTo net.Conn // nil: stderr (not a nil *net.UnixConn)
+	if syslogConn != nil {
+		logTo = syslogConn
+	}
+	log, err := newLogger(o.LogLevel, logTo)
 	if err != nil {
 		return err
 	}
-	if o.SharedDir == "" {
-		return errors.New("--shared-dir (or -o source=) is required")
-	}
-	if (o.SocketPath == "") == (o.FD < 0) {
-		return errors.New("give exactly one of --socket-path and --fd")
-	}
-	if o.Queues < 1 || o.Queues > vhostuser.MaxRings-1 {
-		return fmt.Errorf("--queues %d: want 1..%d", o.Queues, vhostuser.MaxRings-1)
+	child := os.Getenv(envDaemonChild) == "1"
+	if first && (!o.Daemonize || child) {
+		for _, n := range o.notes {
+			log.Info(n)
+		}
 	}
 	sbcfg, err := sandboxConfig(o, log)
 	if err != nil {
 		return err
 	}
-	// The process that created the socket removes it: the supervisor of a
-	// sandboxed daemon, or the daemon itself with --sandbox none (inside a
-	// sandbox the path would name a file of the share).
-	ownSocket := o.SocketPath != "" && !sandbox.Resumed()
-	if !sandbox.Resumed() {
-		// Checked (and raised) here, where the host's paths and
-		// CAP_SYS_RESOURCE are still at hand.
+
+	// The first process creates the sockets and holds the pid lock; it
+	// removes them when the daemon is gone: the supervisor of a sandboxed
+	// daemon, or the daemon itself with --sandbox none (inside a sandbox
+	// the paths would name files of the share).
+	var files []sandbox.File
+	cleanup := func() {}
+	if first {
 		if st, err := os.Stat(o.SharedDir); err != nil {
 			return fmt.Errorf("shared directory: %w", err)
 		} else if !st.IsDir() {
 			return fmt.Errorf("shared directory %s is not a directory", o.SharedDir)
 		}
+		if o.SocketPath != "" {
+			// Removed on exit, from wherever we are then.
+			if o.SocketPath, err = filepath.Abs(o.SocketPath); err != nil {
+				return fmt.Errorf("--socket-path: %w", err)
+			}
+		}
+		var ln *net.UnixListener
+		var lock *pidLock
+		if child {
+			os.Unsetenv(envDaemonChild)
+			if ln, err = listenerFromFD(childListenFD, "the daemonizing parent's listener"); err != nil {
+				return err
+			}
+			if o.SocketPath != "" {
+				lock = &pidLock{f: os.NewFile(childLockFD, "pid-lock"), path: o.SocketPath + ".pid"}
+				if err := lock.writePid(); err != nil {
+					return err
+				}
+			}
+		} else if ln, lock, err = listen(o); err != nil {
+			return err
+		}
+		if o.Daemonize && !child {
+			ln.SetUnlinkOnClose(false) // the background daemon's now
+			defer ln.Close()
+			return daemonize(ln, lock)
+		}
+		cleanup = func() {
+			// The socket we created, then its pid file (the lock goes
+			// with the process), then a metrics socket.
+			if o.SocketPath != "" {
+				os.Remove(o.SocketPath)
+			}
+			lock.remove()
+			if p := metricsSocketPath(o.MetricsAddr); p != "" {
+				os.Remove(p)
+			}
+		}
+		defer cleanup()
+		// Checked (and raised) here, where the host's paths and
+		// CAP_SYS_RESOURCE are still at hand.
 		if err := setNofile(o, log); err != nil {
 			return err
 		}
+		if files, err = outsideFiles(o, ln, syslogConn); err != nil {
+			return err
+		}
+		if child {
+			ready, null, err := relayReady()
+			if err != nil {
+				return err
+			}
+			files = append(files, sandbox.File{Name: fileReady, File: ready}, sandbox.File{Name: fileDevNull, File: null})
+		}
 	}
-	in, err := enterSandbox(o, sbcfg)
+
+	in, err := sandbox.Enter(sbcfg, files)
 	if err != nil {
-		return err
+		return err // for the supervisor, *sandbox.Exit: the daemon is gone
+	}
+	if !first {
+		if c := handedSyslog(in); c != nil {
+			defer c.Close()
+			if log, err = newLogger(o.LogLevel, c); err != nil {
+				return err
+			}
+		}
 	}
 	ln, err := handedListener(in)
 	if err != nil {
@@ -149,17 +250,19 @@ func run(o *Options) error {
 	go func() {
 		s := <-sigs
 		log.Info("signal received, exiting", "signal", s.String())
-		// Remove the socket we created, without closing the listener: a
-		// failing Accept must not race this exit with an error.
-		if ownSocket {
-			os.Remove(o.SocketPath)
-		}
-		if p := metricsSocketPath(o.MetricsAddr); p != "" && !sandbox.Resumed() {
-			os.Remove(p)
-		}
+		// Without closing the listeners: a failing Accept must not
+		// race this exit with an error.
+		cleanup()
 		os.Exit(0)
 	}()
 
+	if ready := in.File(fileReady); ready != nil {
+		// Set up and about to serve: --daemonize may return. Before
+		// the seccomp filter: chdir and dup2 are not on it.
+		if err := reportReady(ready, in.File(fileDevNull)); err != nil {
+			return err
+		}
+	}
 	if err := in.Lock(); err != nil {
 		return err
 	}
@@ -170,11 +273,9 @@ func run(o *Options) error {
 		return fmt.Errorf("accept: %w", err)
 	}
 	// One front end per daemon, as with the C and Rust daemons: stop
-	// listening (and remove the socket) once it is connected.
+	// listening once it is connected (the first process removes the
+	// socket when the daemon is gone).
 	ln.Close()
-	if ownSocket {
-		os.Remove(o.SocketPath)
-	}
 	log.Info("front end connected")
 	defer c.Close()
 	if err := backend.Serve(c); err != nil {
@@ -183,37 +284,82 @@ func run(o *Options) error {
 	return nil
 }
 
-// listen creates the vhost-user socket or adopts an inherited one.
-func listen(o *Options) (*net.UnixListener, error) {
+// listenerFromFD adopts an inherited, listening unix socket.
+func listenerFromFD(fd int, what string) (*net.UnixListener, error) {
+	f := os.NewFile(uintptr(fd), "vhost-user-listener")
+	l, err := net.FileListener(f)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("%s (fd %d): %w", what, fd, err)
+	}
+	ul, ok := l.(*net.UnixListener)
+	if !ok {
+		l.Close()
+		return nil, fmt.Errorf("%s (fd %d) is not a unix socket", what, fd)
+	}
+	ul.SetUnlinkOnClose(false) // not ours to remove
+	return ul, nil
+}
+
+// listen creates the vhost-user socket, holding its pid file lock, or
+// adopts an inherited one (lock nil).
+func listen(o *Options) (*net.UnixListener, *pidLock, error) {
 	if o.FD >= 0 {
-		f := os.NewFile(uintptr(o.FD), "vhost-user-listener")
-		l, err := net.FileListener(f)
-		f.Close()
+		ln, err := listenerFromFD(o.FD, "--fd")
+		return ln, nil, err
+	}
+	gid := -1
+	if o.SocketGroup != "" {
+		g, err := lookupGroup(o.SocketGroup)
 		if err != nil {
-			return nil, fmt.Errorf("--fd %d: %w", o.FD, err)
+			return nil, nil, fmt.Errorf("--socket-group: %w", err)
 		}
-		ul, ok := l.(*net.UnixListener)
-		if !ok {
-			l.Close()
-			return nil, fmt.Errorf("--fd %d is not a unix socket", o.FD)
-		}
-		ul.SetUnlinkOnClose(false) // not ours to remove
-		return ul, nil
+		gid = g
 	}
+	lock, err := lockPidFile(o.SocketPath + ".pid")
+	if err != nil {
+		return nil, nil, err
+	}
+	// We hold the lock: a socket left at the path is a stale one.
 	if st, err := os.Lstat(o.SocketPath); err == nil && st.Mode()&os.ModeSocket != 0 {
-		os.Remove(o.SocketPath) // a stale socket from an earlier run
+		os.Remove(o.SocketPath)
 	}
-	old := syscall.Umask(0o077) // the socket is created 0600
+	mask := 0o177 // the socket is created 0600...
+	if gid >= 0 {
+		mask = 0o117 // ...or 0660 for its group
+	}
+	old := syscall.Umask(mask)
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: o.SocketPath, Net: "unix"})
 	syscall.Umask(old)
 	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", o.SocketPath, err)
+		lock.remove()
+		return nil, nil, fmt.Errorf("listen on %s: %w", o.SocketPath, err)
 	}
 	ln.SetUnlinkOnClose(true)
-	return ln, nil
+	if gid >= 0 {
+		if err := os.Lchown(o.SocketPath, -1, gid); err != nil {
+			ln.Close()
+			lock.remove()
+			return nil, nil, fmt.Errorf("--socket-group: %w", err)
+		}
+	}
+	return ln, lock, nil
 }
 
-func newLogger(level string) (*slog.Logger, error) {
+// lookupGroup resolves a group name or number.
+func lookupGroup(name string) (int, error) {
+	if n, err := strconv.ParseUint(name, 10, 31); err == nil {
+		return int(n), nil
+	}
+	g, err := user.LookupGroup(name)
+	if err != nil {
+		return -1, err
+	}
+	return strconv.Atoi(g.Gid)
+}
+
+// newLogger logs to stderr, or to syslog when conn is not nil.
+func newLogger(level string, conn net.Conn) (*slog.Logger, error) {
 	var l slog.Level
 	switch strings.ToLower(level) {
 	case "trace", "debug":
@@ -228,6 +374,9 @@ func newLogger(level string) (*slog.Logger, error) {
 		l = slog.LevelError + 100
 	default:
 		return nil, fmt.Errorf("unknown log level %q", level)
+	}
+	if conn != nil {
+		return slog.New(newSyslogHandler(conn, filepath.Base(os.Args[0]), l)), nil
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l})), nil
 }
@@ -268,6 +417,12 @@ func newFileSystem(o *Options, in *sandbox.Inside) (*passthrough.FS, error) {
 			return nil, fmt.Errorf("-o timeout=%s: want seconds", o.Timeout)
 		}
 		popts.Timeout, popts.TimeoutSet = time.Duration(secs*float64(time.Second)), true
+	}
+	if popts.TranslateUID, err = passthrough.NewIDMap(o.TranslateUID); err != nil {
+		return nil, fmt.Errorf("--translate-uid: %w", err)
+	}
+	if popts.TranslateGID, err = passthrough.NewIDMap(o.TranslateGID); err != nil {
+		return nil, fmt.Errorf("--translate-gid: %w", err)
 	}
 	if err := passthrough.DropSupplementaryGroups(); err != nil {
 		return nil, err

@@ -1,11 +1,16 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/spf13/pflag"
+
+	"github.com/govirtiofsd/govirtiofsd/internal/passthrough"
+	"github.com/govirtiofsd/govirtiofsd/internal/vhostuser"
 )
 
 // Options is the daemon's configuration, filled in from either flag dialect:
@@ -48,12 +53,30 @@ type Options struct {
 	// MetricsAddr serves Prometheus metrics: HOST:PORT, or unix:PATH.
 	MetricsAddr string
 
-	// Sandbox (internal/sandbox).
+	// Process and logging.
+	Daemonize   bool
+	SocketGroup string
+	Syslog      bool
+	// TranslateUID and TranslateGID hold --translate-uid/--translate-gid
+	// specs in command-line order (each checked as it is parsed).
+	TranslateUID []string
+	TranslateGID []string
+	// Migration options of the Rust daemon: parsed and checked, no effect.
+	MigrationMode          string
+	MigrationOnError       string
+	MigrationVerifyHandles bool
+	MigrationConfirmPaths  bool
+
+	// Sandbox (issue 5; parsed here, applied by the sandbox code).
 	Sandbox string
 	Seccomp string
 	Modcaps string
 	UIDMaps []string
 	GIDMaps []string
+
+	// notes are the options given that have no effect here, logged at
+	// start-up (once each, in command-line order).
+	notes []string
 }
 
 // optKind says how an option's value is parsed.
@@ -72,11 +95,51 @@ type option struct {
 	oKey  string // C-style -o key, "" if none
 	kind  optKind
 	usage string
-	set   func(o *Options, v string) error
+	// note, when set, says why the option has no effect here; it is
+	// logged at start-up when the option is given (a boolean: set true).
+	note string
+	set  func(o *Options, v string) error
+}
+
+// apply sets the option from its value as given on the command line and
+// records its note.
+func (opt *option) apply(o *Options, v string) error {
+	if err := opt.set(o, v); err != nil {
+		return err
+	}
+	if opt.note != "" && !(opt.kind == optBool && v == "false") && !slices.Contains(o.notes, opt.note) {
+		o.notes = append(o.notes, opt.note)
+	}
+	return nil
 }
 
 func setString(p func(*Options) *string) func(*Options, string) error {
 	return func(o *Options, v string) error { *p(o) = v; return nil }
+}
+
+// setEnum accepts one of the given values.
+func setEnum(p func(*Options) *string, values ...string) func(*Options, string) error {
+	return func(o *Options, v string) error {
+		if !slices.Contains(values, v) {
+			return fmt.Errorf("%q is not one of %s", v, strings.Join(values, ", "))
+		}
+		*p(o) = v
+		return nil
+	}
+}
+
+// appendString makes a repeatable option: every occurrence accumulates,
+// after check (if any) accepted it.
+func appendString(p func(*Options) *[]string, check func(string) error) func(*Options, string) error {
+	return func(o *Options, v string) error {
+		if check != nil {
+			if err := check(v); err != nil {
+				return err
+			}
+		}
+		*p(o) = append(*p(o), v)
+		return nil
+	}
 }
 
 func setInt(p func(*Options) *int) func(*Options, string) error {
@@ -86,6 +149,18 @@ func setInt(p func(*Options) *int) func(*Options, string) error {
 			return fmt.Errorf("%q is not a number", v)
 		}
 		*p(o) = n
+		return nil
+	}
+}
+
+// setUint is setInt for values that cannot be negative.
+func setUint(p func(*Options) *int) func(*Options, string) error {
+	return func(o *Options, v string) error {
+		n, err := strconv.ParseUint(v, 10, 31)
+		if err != nil {
+			return fmt.Errorf("%q is not a non-negative number", v)
+		}
+		*p(o) = int(n)
 		return nil
 	}
 }
@@ -101,7 +176,67 @@ func setBool(p func(*Options) *bool) func(*Options, string) error {
 	}
 }
 
-// optionTable lists every option the daemon understands.
+// setNotBool sets *p to the negation of a boolean (--no-killpriv-v2).
+func setNotBool(p func(*Options) *bool) func(*Options, string) error {
+	return func(o *Options, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("%q is not a boolean", v)
+		}
+		*p(o) = !b
+		return nil
+	}
+}
+
+// accept takes any value and changes nothing (options with a note only).
+func accept(kind optKind) func(*Options, string) error {
+	return func(o *Options, v string) error {
+		switch kind {
+		case optInt:
+			if _, err := strconv.ParseUint(v, 10, 31); err != nil {
+				return fmt.Errorf("%q is not a non-negative number", v)
+			}
+		case optBool:
+			if _, err := strconv.ParseBool(v); err != nil {
+				return fmt.Errorf("%q is not a boolean", v)
+			}
+		}
+		return nil
+	}
+}
+
+func checkIDMapping(v string) error {
+	_, err := passthrough.ParseIDMapping(v)
+	return err
+}
+
+// checkNSMap checks a --uid-map/--gid-map value, the Rust daemon's
+// ":namespace_id:host_id:count:" (any one separator character, given
+// first and last).
+func checkNSMap(v string) error {
+	if len(v) < 2 || v[0] != v[len(v)-1] {
+		return fmt.Errorf("%q: want :inside:outside:count:", v)
+	}
+	fields := strings.Split(v[1:len(v)-1], v[:1])
+	if len(fields) != 3 {
+		return fmt.Errorf("%q: want :inside:outside:count:", v)
+	}
+	for _, f := range fields {
+		if _, err := strconv.ParseUint(f, 10, 32); err != nil {
+			return fmt.Errorf("%q: %q is not an id", v, f)
+		}
+	}
+	return nil
+}
+
+const (
+	noteMigration = "migration is not supported: the --migration-* options have no effect and migrate-precopy is not offered"
+)
+
+// optionTable lists every option the daemon understands: the Rust
+// virtiofsd 1.13's long options and the C virtiofsd 7.2's -o options and
+// short flags. The sandbox block stays last (merge rule with the sandbox
+// branch).
 var optionTable = []option{
 	{long: "shared-dir", oKey: "source", kind: optString, usage: "shared directory path",
 		set: setString(func(o *Options) *string { return &o.SharedDir })},
@@ -110,21 +245,50 @@ var optionTable = []option{
 	{long: "socket", kind: optString, usage: "deprecated alias of --socket-path",
 		set: setString(func(o *Options) *string { return &o.SocketPath })},
 	{long: "fd", kind: optInt, usage: "serve an inherited, already listening socket fd",
-		set: setInt(func(o *Options) *int { return &o.FD })},
+		set: setUint(func(o *Options) *int { return &o.FD })},
+	{long: "socket-group", kind: optString, usage: "group (name or number) to own the socket created with --socket-path",
+		set: setString(func(o *Options) *string { return &o.SocketGroup })},
 	{long: "queues", kind: optInt, usage: "number of request queues to advertise (GET_QUEUE_NUM answers 1 + N)",
 		set: setInt(func(o *Options) *int { return &o.Queues })},
 	{long: "tag", kind: optString, usage: "file system tag for the device config (enables the CONFIG protocol feature)",
 		set: setString(func(o *Options) *string { return &o.Tag })},
-	{long: "log-level", oKey: "log_level", kind: optString, usage: "error, warn, info, debug, trace or off",
-		set: setString(func(o *Options) *string { return &o.LogLevel })},
+	{long: "log-level", oKey: "log_level", kind: optString, usage: "error (err), warn, info, debug, trace or off",
+		set: setEnum(func(o *Options) *string { return &o.LogLevel }, "error", "err", "warn", "warning", "info", "debug", "trace", "off")},
+	{short: "d", oKey: "debug", kind: optBool, usage: "debug log level (same as --log-level=debug)",
+		set: func(o *Options, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return fmt.Errorf("%q is not a boolean", v)
+			}
+			if b {
+				o.LogLevel = "debug"
+			}
+			return nil
+		}},
+	{long: "syslog", kind: optBool, usage: "log to syslog (/dev/log) instead of stderr",
+		set: setBool(func(o *Options) *bool { return &o.Syslog })},
 	{long: "print-capabilities", kind: optBool, usage: "print the vhost-user capabilities JSON and exit",
 		set: setBool(func(o *Options) *bool { return &o.PrintCapabilities })},
 	{long: "version", short: "V", kind: optBool, usage: "print the version and exit",
 		set: setBool(func(o *Options) *bool { return &o.Version })},
+	{short: "f", kind: optBool, usage: "stay in the foreground (the default)",
+		set: setBool(func(o *Options) *bool { return &o.Foreground })},
+	{long: "daemonize", kind: optBool, usage: "run in the background: the command returns once the socket listens",
+		set: setBool(func(o *Options) *bool { return &o.Daemonize })},
+	{short: "s", kind: optBool, usage: "single-threaded (C daemon; accepted, no effect)",
+		note: "-s has no effect: see --thread-pool-size", set: accept(optBool)},
 	{long: "cache", oKey: "cache", kind: optString, usage: "cache mode: never, metadata, auto or always (-o cache=none|auto|always)",
-		set: setString(func(o *Options) *string { return &o.Cache })},
+		set: setEnum(func(o *Options) *string { return &o.Cache }, "never", "none", "metadata", "auto", "normal", "always")},
 	{oKey: "timeout", kind: optString, usage: "entry and attribute timeout in seconds (C daemon)",
-		set: setString(func(o *Options) *string { return &o.Timeout })},
+		set: func(o *Options, v string) error {
+			if secs, err := strconv.ParseFloat(v, 64); err != nil || secs < 0 || secs > 1e9 {
+				return fmt.Errorf("%q is not a number of seconds", v)
+			}
+			o.Timeout = v
+			return nil
+		}},
+	{long: "allow-mmap", kind: optBool, usage: "allow shared mmap of files (accepted; DAX is not implemented)",
+		note: "--allow-mmap: DAX is not implemented, the guest maps shared files through its page cache", set: accept(optBool)},
 	{long: "writeback", oKey: "writeback", kind: optBool, usage: "enable the guest's writeback cache",
 		set: setBool(func(o *Options) *bool { return &o.Writeback })},
 	{long: "xattr", oKey: "xattr", kind: optBool, usage: "enable extended attributes",
@@ -137,20 +301,20 @@ var optionTable = []option{
 		set: setBool(func(o *Options) *bool { return &o.SecurityLabel })},
 	{long: "announce-submounts", oKey: "announce_submounts", kind: optBool, usage: "tell the guest about host submounts (distinct st_dev)",
 		set: setBool(func(o *Options) *bool { return &o.AnnounceSubmounts })},
+	{long: "no-announce-submounts", kind: optBool, usage: "do not announce submounts (the default)",
+		set: setNotBool(func(o *Options) *bool { return &o.AnnounceSubmounts })},
 	{long: "no-readdirplus", kind: optBool, usage: "do not use READDIRPLUS",
 		set: setBool(func(o *Options) *bool { return &o.NoReaddirplus })},
 	{oKey: "readdirplus", kind: optBool, usage: "use READDIRPLUS (-o no_readdirplus disables)",
-		set: func(o *Options, v string) error {
-			b, err := strconv.ParseBool(v)
-			o.NoReaddirplus = !b
-			return err
-		}},
+		set: setNotBool(func(o *Options) *bool { return &o.NoReaddirplus })},
 	{long: "allow-direct-io", oKey: "allow_direct_io", kind: optBool, usage: "honour the guest's O_DIRECT on host files",
 		set: setBool(func(o *Options) *bool { return &o.AllowDirectIO })},
 	{long: "killpriv-v2", oKey: "killpriv_v2", kind: optBool, usage: "enable FUSE_HANDLE_KILLPRIV_V2",
 		set: setBool(func(o *Options) *bool { return &o.KillprivV2 })},
+	{long: "no-killpriv-v2", kind: optBool, usage: "disable FUSE_HANDLE_KILLPRIV_V2 (the default)",
+		set: setNotBool(func(o *Options) *bool { return &o.KillprivV2 })},
 	{long: "inode-file-handles", kind: optString, usage: "never, prefer or mandatory",
-		set: setString(func(o *Options) *string { return &o.InodeFileHandles })},
+		set: setEnum(func(o *Options) *string { return &o.InodeFileHandles }, "never", "prefer", "mandatory")},
 	{oKey: "posix_lock", kind: optBool, usage: "enable POSIX locks",
 		set: setBool(func(o *Options) *bool { return &o.PosixLock })},
 	{oKey: "flock", kind: optBool, usage: "enable flock locks",
@@ -160,25 +324,39 @@ var optionTable = []option{
 	{long: "preserve-noatime", kind: optBool, usage: "keep the guest's O_NOATIME",
 		set: setBool(func(o *Options) *bool { return &o.PreserveNoatime })},
 	{long: "rlimit-nofile", kind: optInt, usage: "set RLIMIT_NOFILE to N (0: leave it; default: raise to min(1000000, fs.nr_open))",
-		set: setInt(func(o *Options) *int { return &o.RlimitNofile })},
+		set: setUint(func(o *Options) *int { return &o.RlimitNofile })},
 	{long: "thread-pool-size", oKey: "thread_pool_size", kind: optInt, usage: "most requests served on worker threads at once (0: all inline; default: number of CPUs)",
-		set: setInt(func(o *Options) *int { return &o.ThreadPoolSize })},
+		set: setUint(func(o *Options) *int { return &o.ThreadPoolSize })},
 	{long: "metrics-addr", kind: optString, usage: "serve Prometheus metrics on HOST:PORT or unix:PATH (off by default)",
 		set: setString(func(o *Options) *string { return &o.MetricsAddr })},
-	{short: "f", kind: optBool, usage: "stay in the foreground (always the case)",
-		set: setBool(func(o *Options) *bool { return &o.Foreground })},
+	{oKey: "max_idle_threads", kind: optInt, usage: "C daemon thread pool setting (accepted, no effect)",
+		note: "-o max_idle_threads has no effect: workers are goroutines, see --thread-pool-size", set: accept(optInt)},
+	{oKey: "allow_root", kind: optBool, usage: "FUSE mount option (accepted, no effect)",
+		note: "-o allow_root has no effect: the guest kernel decides who may access the mount", set: accept(optBool)},
+	{long: "translate-uid", kind: optString, usage: "translate uids (repeatable): guest|host|squash-guest|squash-host|map:FROM:TO:COUNT, forbid-guest:FROM:COUNT",
+		set: appendString(func(o *Options) *[]string { return &o.TranslateUID }, checkIDMapping)},
+	{long: "translate-gid", kind: optString, usage: "translate gids (repeatable), as --translate-uid",
+		set: appendString(func(o *Options) *[]string { return &o.TranslateGID }, checkIDMapping)},
+	{long: "migration-mode", kind: optString, usage: "find-paths or file-handles (accepted; migration is not supported)", note: noteMigration,
+		set: setEnum(func(o *Options) *string { return &o.MigrationMode }, "find-paths", "file-handles")},
+	{long: "migration-on-error", kind: optString, usage: "abort or guest-error (accepted; migration is not supported)", note: noteMigration,
+		set: setEnum(func(o *Options) *string { return &o.MigrationOnError }, "abort", "guest-error")},
+	{long: "migration-verify-handles", kind: optBool, usage: "accepted; migration is not supported", note: noteMigration,
+		set: setBool(func(o *Options) *bool { return &o.MigrationVerifyHandles })},
+	{long: "migration-confirm-paths", kind: optBool, usage: "accepted; migration is not supported", note: noteMigration,
+		set: setBool(func(o *Options) *bool { return &o.MigrationConfirmPaths })},
 
-	// Sandbox (internal/sandbox).
-	{long: "sandbox", oKey: "sandbox", kind: optString, usage: "confinement: namespace (default), chroot or none",
-		set: setString(func(o *Options) *string { return &o.Sandbox })},
-	{long: "seccomp", oKey: "seccomp", kind: optString, usage: "action on a system call outside the allowlist: kill (default), log, trap or none",
-		set: setString(func(o *Options) *string { return &o.Seccomp })},
-	{long: "modcaps", oKey: "modcaps", kind: optString, usage: "change the kept capabilities, e.g. +sys_admin:-mknod",
+	// Sandbox options: parsed and checked here, applied by the sandbox.
+	{long: "sandbox", oKey: "sandbox", kind: optString, usage: "sandbox mode: namespace, chroot or none",
+		set: setEnum(func(o *Options) *string { return &o.Sandbox }, "namespace", "chroot", "none")},
+	{long: "seccomp", oKey: "seccomp", kind: optString, usage: "seccomp action for syscalls off the allowlist: kill, log, trap or none",
+		set: setEnum(func(o *Options) *string { return &o.Seccomp }, "kill", "log", "trap", "none")},
+	{long: "modcaps", oKey: "modcaps", kind: optString, usage: "capabilities to add or drop, e.g. +sys_admin:-mknod",
 		set: setString(func(o *Options) *string { return &o.Modcaps })},
-	{long: "uid-map", kind: optString, usage: "user namespace uid map :namespace_uid:host_uid:count: (repeatable)",
-		set: func(o *Options, v string) error { o.UIDMaps = append(o.UIDMaps, v); return nil }},
-	{long: "gid-map", kind: optString, usage: "user namespace gid map :namespace_gid:host_gid:count: (repeatable)",
-		set: func(o *Options, v string) error { o.GIDMaps = append(o.GIDMaps, v); return nil }},
+	{long: "uid-map", kind: optString, usage: "user namespace uid map :inside:outside:count: (repeatable)",
+		set: appendString(func(o *Options) *[]string { return &o.UIDMaps }, checkNSMap)},
+	{long: "gid-map", kind: optString, usage: "user namespace gid map :inside:outside:count: (repeatable)",
+		set: appendString(func(o *Options) *[]string { return &o.GIDMaps }, checkNSMap)},
 }
 
 // flagValue feeds one option's flag into the Options in command-line order.
@@ -191,7 +369,7 @@ type flagValue struct {
 func (f *flagValue) String() string { return f.val }
 func (f *flagValue) Set(v string) error {
 	f.val = v
-	return f.opt.set(f.o, v)
+	return f.opt.apply(f.o, v)
 }
 func (f *flagValue) Type() string {
 	switch f.opt.kind {
@@ -255,11 +433,11 @@ func applyO(o *Options, item string) error {
 		}
 		switch {
 		case key == opt.oKey && opt.kind == optBool && !hasVal:
-			return opt.set(o, "true")
+			return opt.apply(o, "true")
 		case key == "no_"+opt.oKey && opt.kind == optBool && !hasVal:
-			return opt.set(o, "false")
+			return opt.apply(o, "false")
 		case key == opt.oKey && hasVal:
-			if err := opt.set(o, val); err != nil {
+			if err := opt.apply(o, val); err != nil {
 				return fmt.Errorf("-o %s: %w", key, err)
 			}
 			return nil
@@ -292,4 +470,31 @@ func registerFlags(fs *pflag.FlagSet, o *Options) {
 		}
 	}
 	fs.VarP(&oValue{o: o}, "options", "o", "C virtiofsd options: -o source=DIR,log_level=debug (repeatable, comma-joined)")
+}
+
+// validate checks what no single option can: requirements and conflicts
+// between options. -V and --print-capabilities need nothing else.
+func (o *Options) validate() error {
+	if o.Version || o.PrintCapabilities {
+		return nil
+	}
+	if o.SharedDir == "" {
+		return errors.New("--shared-dir (or -o source=) is required")
+	}
+	if (o.SocketPath == "") == (o.FD < 0) {
+		return errors.New("give exactly one of --socket-path and --fd")
+	}
+	if o.SocketGroup != "" && o.FD >= 0 {
+		return errors.New("--socket-group applies to the socket --socket-path creates; it cannot be used with --fd")
+	}
+	if o.Queues < 1 || o.Queues > vhostuser.MaxRings-1 {
+		return fmt.Errorf("--queues %d: want 1..%d", o.Queues, vhostuser.MaxRings-1)
+	}
+	if _, err := passthrough.NewIDMap(o.TranslateUID); err != nil {
+		return fmt.Errorf("--translate-uid: %w", err)
+	}
+	if _, err := passthrough.NewIDMap(o.TranslateGID); err != nil {
+		return fmt.Errorf("--translate-gid: %w", err)
+	}
+	return nil
 }

@@ -13,6 +13,9 @@ import (
 const (
 	fileVhostUser = "vhost-user" // the vhost-user listener
 	fileMetrics   = "metrics"    // the --metrics-addr listener
+	fileSyslog    = "syslog"     // the --syslog connection to /dev/log
+	fileReady     = "ready"      // --daemonize: the readiness pipe (relayReady)
+	fileDevNull   = "devnull"    // --daemonize: /dev/null for the detached stdio
 )
 
 // sandboxConfig builds the sandbox configuration from the options; every
@@ -50,54 +53,56 @@ func sandboxConfig(o *Options, log *slog.Logger) (sandbox.Config, error) {
 	return cfg, nil
 }
 
-// enterSandbox opens everything the daemon needs outside the shared
-// directory — in the first process only: later stages find it handed in —
-// and confines the process. It returns in the process that serves; the
-// supervisor of a sandboxed daemon gets *sandbox.Exit once the daemon is
-// gone.
+// outsideFiles turns everything the daemon needs from outside the shared
+// directory into files handed into the sandbox: the vhost-user listener ln
+// (closed here), the syslog connection (if any) and the metrics listener,
+// bound here. It runs in the first process only; later stages find the
+// files handed in.
 //
-// A file the daemon needs from outside the share is one more entry in
-// files here and one in.File(name) where it is used.
-func enterSandbox(o *Options, cfg sandbox.Config) (*sandbox.Inside, error) {
+// A file the daemon needs from outside the share is one more entry here and
+// one in.File(name) where it is used.
+func outsideFiles(o *Options, ln *net.UnixListener, syslogConn *net.UnixConn) ([]sandbox.File, error) {
 	var files []sandbox.File
-	if !sandbox.Resumed() {
-		ln, err := listen(o)
+	f, err := listenerFile(ln)
+	if err != nil {
+		return nil, fmt.Errorf("vhost-user listener: %w", err)
+	}
+	files = append(files, sandbox.File{Name: fileVhostUser, File: f})
+	if syslogConn != nil {
+		f, err := syslogConn.File()
+		if err != nil {
+			return nil, fmt.Errorf("syslog connection: %w", err)
+		}
+		files = append(files, sandbox.File{Name: fileSyslog, File: f})
+	}
+	if o.MetricsAddr != "" {
+		ml, err := listenMetrics(o.MetricsAddr)
 		if err != nil {
 			return nil, err
 		}
-		f, err := ln.File()
-		// The path stays: the supervisor (or, with --sandbox none, the
-		// daemon once connected) removes it.
-		ln.SetUnlinkOnClose(false)
-		ln.Close()
+		f, err := listenerFile(ml)
 		if err != nil {
-			return nil, fmt.Errorf("vhost-user listener: %w", err)
+			return nil, fmt.Errorf("metrics listener: %w", err)
 		}
-		files = append(files, sandbox.File{Name: fileVhostUser, File: f})
-		if o.MetricsAddr != "" {
-			ml, err := listenMetrics(o.MetricsAddr)
-			if err != nil {
-				return nil, err
-			}
-			f, err := listenerFile(ml)
-			if err != nil {
-				return nil, fmt.Errorf("metrics listener: %w", err)
-			}
-			files = append(files, sandbox.File{Name: fileMetrics, File: f})
-		}
+		files = append(files, sandbox.File{Name: fileMetrics, File: f})
 	}
-	in, err := sandbox.Enter(cfg, files)
-	if in == nil && !sandbox.Resumed() {
-		// The supervisor, once the daemon is gone (or could not be
-		// started), removes the sockets it created.
-		if o.SocketPath != "" {
-			os.Remove(o.SocketPath)
-		}
-		if p := metricsSocketPath(o.MetricsAddr); p != "" {
-			os.Remove(p)
-		}
+	return files, nil
+}
+
+// handedSyslog returns the syslog connection handed into the sandbox, or
+// nil without --syslog.
+func handedSyslog(in *sandbox.Inside) net.Conn {
+	f := in.File(fileSyslog)
+	if f == nil {
+		return nil
 	}
-	return in, err
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "govirtiofsd: syslog connection: %v; logging to stderr\n", err)
+		return nil
+	}
+	return c
 }
 
 // listenerFile returns ln's socket as a file and closes ln, leaving a unix

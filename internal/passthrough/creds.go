@@ -173,7 +173,16 @@ func restoreCreds(prevUID, prevGID int) bool {
 // When no switch is needed (the caller's ids are the daemon's, or the daemon
 // cannot switch) and no umask applies, fn runs inline: the hand-off to a
 // locked worker thread cost a CREATE more than its syscalls.
+//
+// uid and gid are the guest's: with --translate-uid/--translate-gid they
+// are mapped to host ids first, and a forbidden one fails with EPERM.
 func (f *FS) asCaller(uid, gid uint32, umask int, fn func() syscall.Errno) syscall.Errno {
+	if f.ids != nil {
+		var errno syscall.Errno
+		if uid, gid, errno = f.ids.toHost(uid, gid); errno != 0 {
+			return errno
+		}
+	}
 	p := &f.creds
 	if umask < 0 && (!p.switchc || (uid == p.euid && gid == p.egid)) {
 		return fn() // the process umask is 0 (New), the fs ids are ours

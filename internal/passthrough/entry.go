@@ -329,9 +329,23 @@ func (f *FS) SetAttr(in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
 		uid, gid := -1, -1
 		if valid&gofuse.FATTR_UID != 0 {
 			uid = int(in.Uid)
+			if f.ids != nil {
+				h, ok := f.ids.uid.ToHost(in.Uid)
+				if !ok {
+					return syscall.EPERM
+				}
+				uid = int(h)
+			}
 		}
 		if valid&gofuse.FATTR_GID != 0 {
 			gid = int(in.Gid)
+			if f.ids != nil {
+				h, ok := f.ids.gid.ToHost(in.Gid)
+				if !ok {
+					return syscall.EPERM
+				}
+				gid = int(h)
+			}
 		}
 		if errno = sysFchownat(i.fd, &emptyPath[0], uid, gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); errno != 0 {
 			return errno

@@ -153,6 +153,9 @@ func (f *FS) createOpenExisting(dir iref, name []byte, fl int, openFlags uint32,
 		var st unix.Statx_t
 		if statxFD(fd, &st) == 0 {
 			attrFromStatx(&out.Attr, &st)
+			if f.ids != nil {
+				f.ids.toGuest(&out.Attr.Uid, &out.Attr.Gid)
+			}
 		}
 	}
 	out.OpenOut = gofuse.OpenOut{Fh: h.id, OpenFlags: f.fileOpenFlags()}

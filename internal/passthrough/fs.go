@@ -148,6 +148,11 @@ type Options struct {
 	// before a sandbox hid /proc; New duplicates it. Nil: New opens
 	// /proc/self/fd itself.
 	ProcSelfFD *os.File
+
+	// TranslateUID and TranslateGID translate ids between guest and
+	// host (--translate-uid/--translate-gid); nil: ids pass unchanged.
+	TranslateUID *IDMap
+	TranslateGID *IDMap
 }
 
 // rootID is FUSE_ROOT_ID.
@@ -156,6 +161,7 @@ const rootID = 1
 // FS is the passthrough file system.
 type FS struct {
 	opts Options
+	ids  *idMaps // nil unless an id translation was given
 
 	procSelfFD int // O_PATH fd of /proc/self/fd
 	root       *inode
@@ -206,6 +212,9 @@ func New(root string, opts Options) (*FS, error) {
 		return nil, err
 	}
 	f.xmap = xm
+	if opts.TranslateUID != nil || opts.TranslateGID != nil {
+		f.ids = &idMaps{uid: opts.TranslateUID, gid: opts.TranslateGID}
+	}
 	f.maxLocks = int64(opts.MaxLocks)
 	if f.maxLocks <= 0 {
 		f.maxLocks = 4096
@@ -414,6 +423,9 @@ func setTimeout(sec *uint64, nsec *uint32, d time.Duration) {
 func (f *FS) fillAttrOut(out *gofuse.AttrOut, st *syscall.Stat_t) {
 	*out = gofuse.AttrOut{}
 	out.Attr.FromStat(st)
+	if f.ids != nil {
+		f.ids.toGuest(&out.Attr.Uid, &out.Attr.Gid)
+	}
 	setTimeout(&out.AttrValid, &out.AttrValidNsec, f.attrTimeout)
 }
 
@@ -445,6 +457,9 @@ func newEncodeDev(major, minor uint32) uint32 {
 func (f *FS) fillEntry(out *gofuse.EntryOut, i *inode, st *unix.Statx_t, parentMnt uint64) {
 	*out = gofuse.EntryOut{NodeId: i.id}
 	attrFromStatx(&out.Attr, st)
+	if f.ids != nil {
+		f.ids.toGuest(&out.Attr.Uid, &out.Attr.Gid)
+	}
 	if f.submounts.Load() && i.isDir() && st.Mnt_id != parentMnt {
 		out.Attr.Flags |= gofuse.ATTR_SUBMOUNT
 	}

@@ -43,6 +43,11 @@ func (f *FS) Access(in *gofuse.AccessIn) syscall.Errno {
 		return 0
 	}
 	uid, gid, mode := in.Uid, in.Gid, st.Mode
+	if f.ids != nil {
+		if uid, gid, errno = f.ids.toHost(uid, gid); errno != 0 {
+			return errno
+		}
+	}
 	if mask&unix.W_OK != 0 && f.opts.ReadOnly {
 		return syscall.EROFS
 	}
@@ -115,6 +120,9 @@ func (f *FS) Statx(in *gofuse.StatxIn, out *gofuse.StatxOut) syscall.Errno {
 	}
 	*out = gofuse.StatxOut{}
 	out.Statx.FromStatx(&st)
+	if f.ids != nil {
+		f.ids.toGuest(&out.Statx.Uid, &out.Statx.Gid)
+	}
 	out.AttrValid = uint64(f.attrTimeout / 1e9)
 	out.AttrValidNsec = uint32(f.attrTimeout % 1e9)
 	return 0

@@ -435,6 +435,10 @@ type vmConfig struct {
 	AllowReboot bool     // without -no-reboot
 	Timeout     time.Duration
 	DeviceOpts  []string // more vhost-user-fs-pci properties, e.g. num-request-queues=2
+	Tag         string   // virtio-fs tag (default myfs)
+	// MemPath backs guest memory with memory-backend-file,mem-path=MemPath
+	// (Kata's /dev/shm) instead of memory-backend-memfd.
+	MemPath string
 }
 
 type vm struct {
@@ -469,7 +473,15 @@ func startVM(t *testing.T, dir string, cfg vmConfig) *vm {
 		cfg.Timeout = vmTimeout()
 	}
 	mon := filepath.Join(filepath.Dir(cfg.Sock), "monitor.sock")
-	appendLine := append([]string{"console=ttyS0", "panic=-1", "quiet", "e2e.tag=myfs", "e2e.script=" + cfg.Script}, cfg.Append...)
+	tag := cfg.Tag
+	if tag == "" {
+		tag = "myfs"
+	}
+	mem := "memory-backend-memfd,id=mem,size=1G,share=on"
+	if cfg.MemPath != "" {
+		mem = "memory-backend-file,id=mem,size=1G,mem-path=" + cfg.MemPath + ",share=on"
+	}
+	appendLine := append([]string{"console=ttyS0", "panic=-1", "quiet", "e2e.tag=" + tag, "e2e.script=" + cfg.Script}, cfg.Append...)
 	appendLine = append(appendLine, strings.Fields(os.Getenv("GOVIRTIOFSD_E2E_APPEND"))...)
 	args := []string{
 		"-accel", "tcg", "-m", "1G", "-smp", "2",
@@ -477,9 +489,9 @@ func startVM(t *testing.T, dir string, cfg vmConfig) *vm {
 		// default NIC (iPXE) and without terminal escape codes on stdout.
 		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio",
 		"-monitor", "unix:" + mon + ",server=on,wait=off",
-		"-object", "memory-backend-memfd,id=mem,size=1G,share=on", "-numa", "node,memdev=mem",
+		"-object", mem, "-numa", "node,memdev=mem",
 		"-chardev", "socket,id=c0,path=" + cfg.Sock,
-		"-device", strings.Join(append([]string{"vhost-user-fs-pci,queue-size=1024,chardev=c0,tag=myfs"}, cfg.DeviceOpts...), ","),
+		"-device", strings.Join(append([]string{"vhost-user-fs-pci,chardev=c0,tag=" + tag + ",queue-size=1024"}, cfg.DeviceOpts...), ","),
 		"-kernel", cfg.Kernel.Vmlinuz, "-initrd", cfg.Kernel.Initrd,
 		"-append", strings.Join(appendLine, " "),
 	}

@@ -1,0 +1,326 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The tests below run the daemon as a process: the test binary is the
+// daemon when GOVIRTIOFSD_TEST_MAIN=1.
+func TestMain(m *testing.M) {
+	if os.Getenv("GOVIRTIOFSD_TEST_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// syncBuffer collects a process's output while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+func (b *syncBuffer) Len() int { return len(b.String()) }
+
+// daemonCmd runs the test binary as the daemon. It is dynamically linked
+// (and built with -race): it cannot re-execute itself inside a new root,
+// and makes system calls outside the allowlist, so it runs unconfined.
+// The sandboxed combinations (--syslog, --daemonize and the sockets under
+// the default sandbox) run from test/e2e and test/integration, with the
+// static binary.
+func daemonCmd(args ...string) *exec.Cmd {
+	args = append([]string{"--sandbox=none", "--seccomp=none"}, args...)
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "GOVIRTIOFSD_TEST_MAIN=1")
+	return cmd
+}
+
+// startDaemon starts the daemon and waits for sock to appear.
+func startDaemon(t *testing.T, sock string, stderr *syncBuffer, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := daemonCmd(args...)
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	waitSocket(t, sock)
+	return cmd
+}
+
+func waitSocket(t *testing.T, sock string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if st, err := os.Stat(sock); err == nil && st.Mode()&os.ModeSocket != 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not appear", sock)
+		}
+	}
+}
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+func TestPrintCapabilities(t *testing.T) {
+	out, err := daemonCmd("--print-capabilities").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var caps struct {
+		Type     string   `json:"type"`
+		Features []string `json:"features"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(out))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&caps); err != nil {
+		t.Fatalf("not the capabilities JSON: %v\n%s", err, out)
+	}
+	if caps.Type != "fs" || len(caps.Features) != 1 || caps.Features[0] != "separate-options" {
+		t.Errorf("capabilities %+v, want type fs with exactly [separate-options] (no migrate-precopy)", caps)
+	}
+}
+
+func TestUnknownOptionExits1(t *testing.T) {
+	for _, args := range [][]string{{"--bogus"}, {"-o", "source=/tmp,bogus"}, {"--shared-dir=/tmp"}} {
+		var stderr syncBuffer
+		cmd := daemonCmd(args...)
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		if exitCode(err) != 1 || !strings.HasPrefix(stderr.String(), "govirtiofsd: ") {
+			t.Errorf("%q: exit %v, stderr %q; want exit 1 with a message", args, err, stderr.String())
+		}
+	}
+}
+
+// TestSocketPathLifecycle: the socket is 0600 and locked by <socket>.pid
+// holding the daemon's pid; a second daemon on it is refused; SIGTERM
+// removes both.
+func TestSocketPathLifecycle(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "v.sock")
+	var stderr syncBuffer
+	first := startDaemon(t, sock, &stderr, "--socket-path", sock, "--shared-dir", dir, "--allow-mmap")
+	if st, err := os.Stat(sock); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("socket mode %v (%v), want 0600", st.Mode(), err)
+	}
+	pid, err := os.ReadFile(sock + ".pid")
+	if err != nil || strings.TrimSpace(string(pid)) != strconv.Itoa(first.Process.Pid) {
+		t.Errorf("pid file holds %q (%v), want %d", pid, err, first.Process.Pid)
+	}
+
+	var stderr2 syncBuffer
+	second := daemonCmd("--socket-path", sock, "--shared-dir", dir)
+	second.Stderr = &stderr2
+	err = second.Run()
+	if exitCode(err) != 1 || !strings.Contains(stderr2.String(), "another daemon (pid "+strconv.Itoa(first.Process.Pid)+") is serving") {
+		t.Errorf("second daemon: %v, stderr %q; want exit 1, refused", err, stderr2.String())
+	}
+	if _, err := os.Stat(sock); err != nil {
+		t.Errorf("the second daemon took the socket: %v", err)
+	}
+
+	first.Process.Signal(syscall.SIGTERM)
+	if err := first.Wait(); err != nil {
+		t.Errorf("SIGTERM: exit %v, want 0", err)
+	}
+	for _, p := range []string{sock, sock + ".pid"} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left behind (%v)", p, err)
+		}
+	}
+	if !strings.Contains(stderr.String(), "DAX is not implemented") {
+		t.Errorf("no note for --allow-mmap in the log:\n%s", stderr.String())
+	}
+}
+
+func TestSocketGroup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("chown to another group needs root")
+	}
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "v.sock")
+	var stderr syncBuffer
+	startDaemon(t, sock, &stderr, "--socket-path", sock, "--shared-dir", dir, "--socket-group=4242")
+	var st syscall.Stat_t
+	if err := syscall.Stat(sock, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Gid != 4242 || st.Mode&0o777 != 0o660 {
+		t.Errorf("socket group %d mode %o, want 4242 and 0660", st.Gid, st.Mode&0o777)
+	}
+}
+
+// TestSyslog: with --syslog the daemon sends RFC 3164 lines with the
+// daemon facility to the syslog socket (here the test's, through
+// GOVIRTIOFSD_SYSLOG_SOCKET), and the debug lines at LOG_DEBUG.
+func TestSyslog(t *testing.T) {
+	dir := t.TempDir()
+	logSock := filepath.Join(dir, "log")
+	c, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: logSock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sock := filepath.Join(dir, "v.sock")
+	cmd := daemonCmd("--syslog", "--socket-path", sock, "--shared-dir", dir, "-d", "--allow-mmap")
+	cmd.Env = append(cmd.Env, "GOVIRTIOFSD_SYSLOG_SOCKET="+logSock)
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	re := regexp.MustCompile(`^<(\d+)>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d govirtiofsd\.test\[` + strconv.Itoa(cmd.Process.Pid) + `\]: msg="([^"]*)"`)
+	// Read until the start-up lines and a debug line have arrived; once
+	// the daemon waits, a vhost-user GET_FEATURES gives a debug line.
+	var note, waiting, debug int
+	buf := make([]byte, 4096)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for note == 0 || waiting == 0 || debug == 0 {
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatalf("note %d waiting %d debug %d: %v (daemon stderr %q)", note, waiting, debug, err, stderr.String())
+		}
+		m := re.FindSubmatch(buf[:n])
+		if m == nil {
+			t.Fatalf("syslog line %q is not <PRI>Mmm dd hh:mm:ss ident[pid]: msg=...", buf[:n])
+		}
+		pri, _ := strconv.Atoi(string(m[1]))
+		switch msg := string(m[2]); {
+		case pri == 3<<3|7:
+			debug = pri
+		case strings.HasPrefix(msg, "--allow-mmap"):
+			note = pri
+		case msg == "waiting for vhost-user connection":
+			waiting = pri
+			conn, err := net.Dial("unix", sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.Write([]byte{1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0}) // GET_FEATURES, version 1
+		}
+	}
+	if note != 3<<3|6 || waiting != 3<<3|6 {
+		t.Errorf("priorities %d, %d; want daemon.info (30)", note, waiting)
+	}
+	if stderr.Len() != 0 {
+		t.Errorf("logged to stderr too: %q", stderr.String())
+	}
+}
+
+// TestSyslogUnreachable: with no syslog socket the daemon says so and logs
+// to stderr instead of failing (Kata passes --syslog everywhere).
+func TestSyslogUnreachable(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "v.sock")
+	cmd := daemonCmd("--syslog", "--socket-path", sock, "--shared-dir", dir)
+	cmd.Env = append(cmd.Env, "GOVIRTIOFSD_SYSLOG_SOCKET="+filepath.Join(dir, "nothing"))
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	cmd.Start()
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	waitSocket(t, sock)
+	time.Sleep(50 * time.Millisecond)
+	if !strings.Contains(stderr.String(), "logging to stderr") || !strings.Contains(stderr.String(), "waiting for vhost-user connection") {
+		t.Errorf("stderr %q", stderr.String())
+	}
+}
+
+// TestDaemonize: the command returns 0 once the socket listens; the
+// daemon runs on in its own session, holds the pid file, and removes the
+// socket when terminated.
+func TestDaemonize(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "v.sock")
+	cmd := daemonCmd("--daemonize", "--socket-path", sock, "--shared-dir", dir)
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	start := time.Now()
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("--daemonize: %v\n%s", err, stderr.String())
+	}
+	t.Logf("--daemonize returned after %v", time.Since(start))
+	if st, err := os.Stat(sock); err != nil || st.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("no socket when --daemonize returned: %v", err)
+	}
+	b, err := os.ReadFile(sock + ".pid")
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 || pid == cmd.Process.Pid {
+		t.Fatalf("pid file %q (%v): want the background daemon's pid", b, err)
+	}
+	defer syscall.Kill(pid, syscall.SIGKILL)
+	if sid, _ := syscall.Getpgid(pid); sid != pid {
+		t.Errorf("background daemon %d is in process group %d, want its own session", pid, sid)
+	}
+	// It serves: a connection is accepted (the socket is then removed).
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	conn.Close()
+	syscall.Kill(pid, syscall.SIGTERM)
+	for deadline := time.Now().Add(5 * time.Second); syscall.Kill(pid, 0) == nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("background daemon still running 5 s after SIGTERM")
+		}
+	}
+	for _, p := range []string{sock, sock + ".pid"} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left behind (%v)", p, err)
+		}
+	}
+}
+
+// TestDaemonizeFailure: a daemon that cannot start makes --daemonize fail.
+func TestDaemonizeFailure(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "v.sock")
+	cmd := daemonCmd("--daemonize", "--socket-path", sock, "--shared-dir", dir, "--xattrmap", ":bogus:")
+	var stderr syncBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); exitCode(err) != 1 {
+		t.Fatalf("exit %v, want 1\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "background daemon failed") {
+		t.Errorf("stderr %q", stderr.String())
+	}
+}
