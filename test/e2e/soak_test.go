@@ -40,7 +40,7 @@ const (
 	soakMargin = 15 * time.Minute
 )
 
-// soakGauges are the columns of a sample, in CSV order.
+// soakSample is one sample of the daemon; its fields are the CSV columns.
 type soakSample struct {
 	Kind  string        // "periodic" (every interval) or "idle" (between iterations)
 	At    time.Duration // since QEMU started
@@ -443,7 +443,6 @@ func TestSoak(t *testing.T) {
 	// Sample until QEMU exits: periodically, and whenever the guest asks.
 	var (
 		samples      []soakSample
-		scrapeErrs   int
 		lastPage     string
 		answered     int
 		nextPeriodic = time.Now()
@@ -455,7 +454,6 @@ func TestSoak(t *testing.T) {
 		sampleProcs(&s, processTree(e.d.cmd.Process.Pid))
 		page, err := scrape(client, &s)
 		if err != nil {
-			scrapeErrs++
 			t.Logf("%s sample at %v: %v", kind, s.At.Round(time.Second), err)
 		} else {
 			lastPage = page
@@ -557,12 +555,6 @@ func TestSoak(t *testing.T) {
 		files += n("files")
 		unlinked += n("unlinked")
 	}
-	idle := 0
-	for _, s := range samples {
-		if s.Kind == "idle" {
-			idle++
-		}
-	}
 
 	// The window the verdict looks at: from the mount to the guest's end
 	// marker (afterwards it unmounts and powers off).
@@ -573,18 +565,30 @@ func TestSoak(t *testing.T) {
 			mounted, ends, lastLines(lines, 25))
 	}
 	from, to := mounted[0], ends[0]
+	idle, periodic, scrapeErrs := 0, 0, 0
+	for _, s := range samples {
+		if s.Kind == "idle" {
+			idle++
+		} else if s.At >= from && s.At <= to {
+			periodic++
+		}
+		// A scrape after the soak may race with the daemon's exit.
+		if s.Goroutines < 0 && (s.Kind == "idle" || s.At <= to) {
+			scrapeErrs++
+		}
+	}
 	table, grew := soakTable(samples, from, to)
 	nIters, _ := strconv.Atoi(endLine[1])
 	summary := fmt.Sprintf("soak %v on %s, %d request queue(s), daemon --cache never --log-level info\n"+
 		"soak phase %v (mount to end marker); %d iterations (%.0f s each on average)\n"+
 		"fio write + verify: %d passes, %d MiB written and %d MiB read back and verified (%d files per pass; 1 MiB blocks: %d MiB each, 4 KiB: %d MiB)\n"+
 		"churn: %d files created, renamed, read back and removed (%d unlinks with the links and symlinks)\n"+
-		"samples: %d periodic (every %v), %d idle (one per iteration); %d failed metrics scrapes\n"+
+		"samples: %d periodic (every %v) in the soak phase, %d idle (one per iteration); %d failed metrics scrapes\n"+
 		"slope: least squares over the second half of the soak phase, per hour; growth: the slope over that half;\n"+
 		"limit: max(10%% of the half's mean, floor) for judged metrics\n%s",
 		dur, k.Version, queues, (to - from).Round(time.Second), nIters, (to-from).Seconds()/math.Max(1, float64(nIters)),
 		fioPasses, writtenKiB>>10, verifiedKiB>>10, soakJobs, soakSeqSize>>20, soakRandSize>>20,
-		files, unlinked, len(samples)-idle, interval, idle, scrapeErrs, table)
+		files, unlinked, periodic, interval, idle, scrapeErrs, table)
 	_ = os.WriteFile(filepath.Join(e.dir, "soak-summary.txt"), []byte(summary), 0o644)
 	t.Logf("\n%s", summary)
 
@@ -602,8 +606,8 @@ func TestSoak(t *testing.T) {
 	if idle != nIters {
 		t.Errorf("%d idle samples for %d iterations", idle, nIters)
 	}
-	if want := int((to - from) / interval); len(samples)-idle < want/2 {
-		t.Errorf("%d periodic samples in %v, want about %d: the sampler fell behind", len(samples)-idle, to-from, want)
+	if want := int((to - from) / interval); periodic < want/2 {
+		t.Errorf("%d periodic samples in %v, want about %d: the sampler fell behind", periodic, to-from, want)
 	}
 	if scrapeErrs > 0 {
 		t.Errorf("%d metrics scrapes failed", scrapeErrs)
