@@ -3,9 +3,11 @@
 package e2e
 
 import (
+	"math"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The parsers run without root or QEMU.
@@ -103,5 +105,71 @@ func TestDifferenceTables(t *testing.T) {
 		if reason == "" {
 			t.Errorf("KnownFailures[%q]: no reason", k)
 		}
+	}
+}
+
+// TestSoakVerdict: the soak's growth criterion on made-up series (no root).
+func TestSoakVerdict(t *testing.T) {
+	var fds, rss soakMetric
+	for _, m := range soakMetrics {
+		switch m.Name {
+		case "fds":
+			fds = m
+		case "rss_anon":
+			rss = m
+		}
+	}
+	// One idle sample a minute for an hour, shaped by f(minute).
+	series := func(f func(i int) (fds, rssKiB int64)) []soakSample {
+		var out []soakSample
+		for i := 0; i <= 60; i++ {
+			n, r := f(i)
+			out = append(out, soakSample{Kind: "idle", At: time.Duration(i) * time.Minute, FDs: n, RssAnon: r})
+		}
+		return out
+	}
+	const hour = time.Hour
+	for _, c := range []struct {
+		name            string
+		f               func(i int) (int64, int64)
+		fdsOK, rssOK    bool
+		fdsSlopePerHour float64
+	}{
+		{"flat", func(int) (int64, int64) { return 40, 30 << 10 }, true, true, 0},
+		// Warm-up growth in the first half is not judged.
+		{"warm-up then flat", func(i int) (int64, int64) { return int64(min(i, 30)) + 20, int64(min(i, 30)) << 20 }, true, true, 0},
+		// Noise (a sawtooth of +-10 fds, +-3 MiB) without a trend.
+		{"sawtooth", func(i int) (int64, int64) { return 40 + int64(i%5*5) - 10, 30<<10 + int64(i%7-3)<<10 }, true, true, math.NaN()},
+		// One fd per minute: 30 over the second half > 16.
+		{"fd leak", func(i int) (int64, int64) { return 40 + int64(i), 30 << 10 }, false, true, 60},
+		// 200 KiB a minute: 6 MiB over the second half, > 4 MiB and > 10% of ~33 MiB.
+		{"rss leak", func(i int) (int64, int64) { return 40, 30<<10 + int64(i)*200 }, true, false, 0},
+		// 100 KiB a minute on 300 MiB: 3 MiB, under both limits.
+		{"slow rss growth", func(i int) (int64, int64) { return 40, 300<<10 + int64(i)*100 }, true, true, 0},
+	} {
+		s := series(c.f)
+		sf := analyzeSoak(s, "idle", 0, hour, fds)
+		sr := analyzeSoak(s, "idle", 0, hour, rss)
+		if sf.Failed == c.fdsOK || sr.Failed == c.rssOK {
+			t.Errorf("%s: fds failed=%v (growth %.1f, limit %.1f), rss failed=%v (growth %.0f KiB, limit %.0f KiB); want fds ok=%v, rss ok=%v",
+				c.name, sf.Failed, sf.Growth, sf.Limit, sr.Failed, sr.Growth, sr.Limit, c.fdsOK, c.rssOK)
+		}
+		if !math.IsNaN(c.fdsSlopePerHour) && math.Abs(sf.SlopePerHour-c.fdsSlopePerHour) > 1e-6 {
+			t.Errorf("%s: fds slope %.3f/h, want %.3f", c.name, sf.SlopePerHour, c.fdsSlopePerHour)
+		}
+		if sf.N != 61 || sf.Fit != 31 {
+			t.Errorf("%s: %d samples, %d in the fit; want 61 and 31", c.name, sf.N, sf.Fit)
+		}
+	}
+	// Periodic samples do not judge fds; too few samples to fit is a failure.
+	s := series(func(i int) (int64, int64) { return 40 + int64(i), 30 << 10 })
+	for i := range s {
+		s[i].Kind = "periodic"
+	}
+	if st := analyzeSoak(s, "periodic", 0, hour, fds); st.Failed || st.Judged {
+		t.Errorf("periodic fds judged: %+v", st)
+	}
+	if st := analyzeSoak(s[:1], "periodic", 0, hour, rss); !st.Failed {
+		t.Errorf("one sample passed: %+v", st)
 	}
 }

@@ -42,6 +42,9 @@
 //   fsops now                               CLOCK_MONOTONIC in ms
 //   fsops gen SEED N                        N pseudo-random bytes (xorshift64*, same on every run) to stdout
 //   fsops asuser UID GID CMD...             drop to UID:GID (no supplementary groups) and exec CMD
+//   fsops churn DIR N SEED                  metadata churn (soak.sh): see do_churn; unlike the
+//                                           others it checks itself and exits 1 on the first
+//                                           failure, naming the call, the path and the errno
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <grp.h>
@@ -403,6 +406,187 @@ static int do_count(char **a) {
 	return 0;
 }
 
+// churn: one round of metadata churn in DIR (which must not exist), checked
+// as it goes: mkdir DIR and D = ceil(N/128) subdirectories; create N files
+// (O_EXCL) holding 64-575 bytes derived from SEED and the file's number;
+// rename each (even numbers into the next subdirectory, odd ones within
+// their own); hard-link every 8th and symlink every 8th (offset 4); count
+// each subdirectory with getdents64 (only the renamed names, the links and
+// the symlinks); read every file back and compare, readlink every symlink;
+// unlink everything, rmdir the subdirectories and DIR. Prints "files=N
+// renamed= linked= symlinked= verified= unlinked= dirs= ms=" on success;
+// otherwise "churn-error op=OP path=PATH errno=E" (or "got=G want=W", or
+// "entry=NAME" for a listed name that was renamed away) and exits 1.
+static char churn_path[4096], churn_path2[4096];
+
+static int churn_fail(const char *op, const char *path) {
+	printf("churn-error op=%s path=%s errno=%s\n", op, path, ename(errno));
+	return 1;
+}
+
+static int churn_mismatch(const char *op, const char *path, long long got, long long want) {
+	printf("churn-error op=%s path=%s got=%lld want=%lld\n", op, path, got, want);
+	return 1;
+}
+
+// churn_data fills buf with file i's content and returns its length.
+static size_t churn_data(unsigned char *buf, uint64_t seed, long i) {
+	uint64_t x = (seed * 0x9E3779B97F4A7C15ULL) ^ ((uint64_t)i * 0xBF58476D1CE4E5B9ULL) ^ 1;
+	size_t len = 64 + (size_t)(i * 37 % 512);
+	for (size_t k = 0; k < len; k++) {
+		x ^= x >> 12;
+		x ^= x << 25;
+		x ^= x >> 27;
+		buf[k] = (unsigned char)((x * 0x2545F4914F6CDD1DULL) >> 56);
+	}
+	return len;
+}
+
+static const char *churn_name(char *out, const char *dir, long d, char kind, long i) {
+	snprintf(out, 4096, "%s/d%03ld/%c%06ld", dir, d, kind, i);
+	return out;
+}
+
+static int do_churn(char **a) {
+	const char *dir = a[0];
+	long n = num(a[1]), nd = (n + 127) / 128;
+	uint64_t seed = (uint64_t)num(a[2]);
+	long renamed = 0, linked = 0, symlinked = 0, verified = 0, unlinked = 0;
+	unsigned char want[1024], got[1024];
+	long long t0 = now_ms();
+	if (n < 1)
+		return usage();
+	if (mkdir(dir, 0755) < 0)
+		return churn_fail("mkdir", dir);
+	for (long d = 0; d < nd; d++) {
+		snprintf(churn_path, sizeof churn_path, "%s/d%03ld", dir, d);
+		if (mkdir(churn_path, 0755) < 0)
+			return churn_fail("mkdir", churn_path);
+	}
+	for (long i = 0; i < n; i++) {
+		const char *p = churn_name(churn_path, dir, i % nd, 'c', i);
+		int fd = open(p, O_CREAT | O_EXCL | O_WRONLY, 0644);
+		if (fd < 0)
+			return churn_fail("create", p);
+		size_t len = churn_data(want, seed, i);
+		ssize_t w = write(fd, want, len);
+		if (w < 0)
+			return churn_fail("write", p);
+		if ((size_t)w != len)
+			return churn_mismatch("write", p, w, len);
+		if (close(fd) < 0)
+			return churn_fail("close", p);
+	}
+	for (long i = 0; i < n; i++) {
+		long to = i % 2 == 0 ? (i + 1) % nd : i % nd;
+		churn_name(churn_path, dir, i % nd, 'c', i);
+		churn_name(churn_path2, dir, to, 'r', i);
+		if (rename(churn_path, churn_path2) < 0)
+			return churn_fail("rename", churn_path);
+		renamed++;
+	}
+	// File i now lives in subdirectory r(i); its links and symlinks next to it.
+#define CHURN_DIR(i) ((i) % 2 == 0 ? ((i) + 1) % nd : (i) % nd)
+	for (long i = 0; i < n; i++) {
+		long d = CHURN_DIR(i);
+		churn_name(churn_path, dir, d, 'r', i);
+		if (i % 8 == 0) {
+			churn_name(churn_path2, dir, d, 'l', i);
+			if (link(churn_path, churn_path2) < 0)
+				return churn_fail("link", churn_path2);
+			linked++;
+		} else if (i % 8 == 4) {
+			churn_name(churn_path2, dir, d, 's', i);
+			char target[32];
+			snprintf(target, sizeof target, "r%06ld", i);
+			if (symlink(target, churn_path2) < 0)
+				return churn_fail("symlink", churn_path2);
+			symlinked++;
+		}
+	}
+	long entries = 0;
+	for (long d = 0; d < nd; d++) {
+		snprintf(churn_path, sizeof churn_path, "%s/d%03ld", dir, d);
+		int fd = open(churn_path, O_RDONLY | O_DIRECTORY);
+		if (fd < 0)
+			return churn_fail("opendir", churn_path);
+		char buf[32768];
+		for (;;) {
+			long r = syscall(SYS_getdents64, fd, buf, sizeof buf);
+			if (r < 0)
+				return churn_fail("getdents64", churn_path);
+			if (r == 0)
+				break;
+			for (long off = 0; off < r;) {
+				struct linux_dirent64 *e = (void *)(buf + off);
+				off += e->d_reclen;
+				if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+					continue;
+				if (e->d_name[0] == 'c') { // a name renamed away is still listed
+					printf("churn-error op=readdir path=%s entry=%s\n", churn_path, e->d_name);
+					return 1;
+				}
+				entries++;
+			}
+		}
+		close(fd);
+	}
+	if (entries != n + linked + symlinked)
+		return churn_mismatch("readdir-count", dir, entries, n + linked + symlinked);
+	for (long i = 0; i < n; i++) {
+		long d = CHURN_DIR(i);
+		const char *p = churn_name(churn_path, dir, d, 'r', i);
+		size_t len = churn_data(want, seed, i);
+		int fd = open(p, O_RDONLY);
+		if (fd < 0)
+			return churn_fail("open", p);
+		ssize_t r = read(fd, got, sizeof got);
+		if (r < 0)
+			return churn_fail("read", p);
+		close(fd);
+		if ((size_t)r != len)
+			return churn_mismatch("read-len", p, r, len);
+		if (memcmp(got, want, len) != 0)
+			return churn_mismatch("read-data", p, i, i);
+		if (i % 8 == 4) {
+			char target[32], buf[64];
+			snprintf(target, sizeof target, "r%06ld", i);
+			churn_name(churn_path2, dir, d, 's', i);
+			ssize_t l = readlink(churn_path2, buf, sizeof buf - 1);
+			if (l < 0)
+				return churn_fail("readlink", churn_path2);
+			buf[l] = 0;
+			if (strcmp(buf, target) != 0)
+				return churn_mismatch("readlink", churn_path2, l, (long long)strlen(target));
+		}
+		verified++;
+	}
+	for (long i = 0; i < n; i++) {
+		long d = CHURN_DIR(i);
+		const char *p = churn_name(churn_path, dir, d, 'r', i);
+		if (unlink(p) < 0)
+			return churn_fail("unlink", p);
+		unlinked++;
+		if (i % 8 == 0 || i % 8 == 4) {
+			p = churn_name(churn_path, dir, d, i % 8 == 0 ? 'l' : 's', i);
+			if (unlink(p) < 0)
+				return churn_fail("unlink", p);
+			unlinked++;
+		}
+	}
+#undef CHURN_DIR
+	for (long d = 0; d < nd; d++) {
+		snprintf(churn_path, sizeof churn_path, "%s/d%03ld", dir, d);
+		if (rmdir(churn_path) < 0)
+			return churn_fail("rmdir", churn_path);
+	}
+	if (rmdir(dir) < 0)
+		return churn_fail("rmdir", dir);
+	printf("files=%ld renamed=%ld linked=%ld symlinked=%ld verified=%ld unlinked=%ld dirs=%ld ms=%lld\n", n,
+	       renamed, linked, symlinked, verified, unlinked, nd + 1, now_ms() - t0);
+	return 0;
+}
+
 static int do_unlinkopen(char **a) {
 	int fd = open(a[0], O_RDWR);
 	if (fd < 0)
@@ -610,6 +794,7 @@ int main(int argc, char **argv) {
 	CMD("fsyncdir", 1, do_fsyncdir(a));
 	CMD("mmap", 2, do_mmap(a));
 	CMD("try", 2, do_try(a, n));
+	CMD("churn", 3, do_churn(a));
 	if (!strcmp(c, "asuser")) {
 		if (n < 3)
 			return usage();
