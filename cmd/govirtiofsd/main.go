@@ -263,7 +263,7 @@ func run(o *Options, stdout io.Writer) error {
 			return err
 		}
 	}
-	if err := in.Lock(); err != nil {
+	if err := in.Lock(log); err != nil {
 		return err
 	}
 

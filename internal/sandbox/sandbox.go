@@ -156,16 +156,17 @@ func (in *Inside) File(name string) *os.File {
 // Lock loads the seccomp filter on every thread: the last step before the
 // daemon serves. Anything the daemon needs to do outside the allowlist
 // (net.FileListener's getsockopt, opening the root, probing file
-// handles) must be done before.
-func (in *Inside) Lock() error {
+// handles) must be done before. It logs to log (the daemon's final
+// logger: a syslog connection handed in replaces Config.Log's stderr).
+func (in *Inside) Lock(log *slog.Logger) error {
 	eff, _ := effectiveCaps()
 	n, err := loadSeccomp(in.cfg.Seccomp)
 	if err != nil {
 		return err
 	}
-	in.cfg.Log.Info("sandbox closed", "sandbox", in.cfg.Mode.String(), "seccomp", in.cfg.Seccomp.String(),
+	log.Info("sandbox closed", "sandbox", in.cfg.Mode.String(), "seccomp", in.cfg.Seccomp.String(),
 		"seccomp_rules", n, "capabilities", eff.String())
-	testHook(in.cfg.Log)
+	testHook(log)
 	return nil
 }
 
