@@ -1,6 +1,6 @@
 # govirtiofsd — build, test and benchmark targets.
 #
-#   make            static daemon at bin/govirtiofsd
+#   make            make deps, then the static daemon at bin/govirtiofsd
 #   make deps       Debian packages the build and the tests need (root)
 #   make test       everything CI runs: vet, unit + integration (-race,
 #                   --sandbox none), integration against the static daemon
@@ -42,7 +42,7 @@ FUZZ_TARGETS := \
 
 .PHONY: all build deps test unit integration-sandbox e2e e2e-full fuzz fuzz-short bench bench-guest soak clean
 
-all: build
+all: deps build
 
 build:
 	CGO_ENABLED=1 $(GO) build -trimpath -tags netgo,osusergo -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/govirtiofsd
