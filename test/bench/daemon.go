@@ -114,11 +114,14 @@ func (d *Daemon) Stop() time.Duration {
 	return time.Since(start)
 }
 
-// Pids returns the daemon's process and all its descendants (the C
-// daemon's sandboxed child in namespace mode).
-func (d *Daemon) Pids() []int {
-	root := d.Cmd.Process.Pid
-	parent := map[int]int{}
+// Pids returns the daemon's process and all its descendants (a sandboxed
+// daemon's supervisor and its child).
+func (d *Daemon) Pids() []int { return ProcessTree(d.Cmd.Process.Pid) }
+
+// ProcessTree returns root and its descendants, from the ppid field of
+// /proc/*/stat.
+func ProcessTree(root int) []int {
+	children := map[int][]int{}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -129,22 +132,17 @@ func (d *Daemon) Pids() []int {
 		if err != nil {
 			continue
 		}
-		f := statFields(b)
-		if len(f) > 2 {
-			pp, _ := strconv.Atoi(f[1])
-			parent[pid] = pp
-		}
-	}
-	var out []int
-	for pid := range parent {
-		for p := pid; p > 1; p = parent[p] {
-			if p == root {
-				out = append(out, pid)
-				break
+		if f := statFields(b); len(f) > 2 {
+			if ppid, err := strconv.Atoi(f[1]); err == nil {
+				children[ppid] = append(children[ppid], pid)
 			}
 		}
 	}
-	return out
+	tree := []int{root}
+	for i := 0; i < len(tree); i++ {
+		tree = append(tree, children[tree[i]]...)
+	}
+	return tree
 }
 
 // statFields returns the fields of /proc/PID/stat after the command name

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/govirtiofsd/govirtiofsd/test/bench"
 )
 
 // The soak (make soak): one guest runs guest-scripts/soak.sh for
@@ -220,40 +222,6 @@ func soakTable(samples []soakSample, from, to time.Duration) (table string, fail
 // ---------------------------------------------------------------------------
 // Sampling the daemon
 
-// processTree returns root and its descendants, from the ppid field of
-// /proc/*/stat (a daemon that re-execs into a sandboxed child is measured
-// as a whole).
-func processTree(root int) []int {
-	children := map[int][]int{}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		i := strings.LastIndexByte(string(data), ')') // comm may hold spaces and parens
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(string(data)[i+1:]) // state ppid ...
-		if len(f) < 2 {
-			continue
-		}
-		if ppid, err := strconv.Atoi(f[1]); err == nil {
-			children[ppid] = append(children[ppid], pid)
-		}
-	}
-	tree := []int{root}
-	for i := 0; i < len(tree); i++ {
-		tree = append(tree, children[tree[i]]...)
-	}
-	return tree
-}
-
 // sampleProcs adds up the status and fd counts of the given processes
 // (one that has just exited is skipped).
 func sampleProcs(s *soakSample, pids []int) {
@@ -451,7 +419,7 @@ func TestSoak(t *testing.T) {
 	)
 	take := func(kind string, iters int) {
 		s := soakSample{Kind: kind, At: time.Since(v.started), Iters: iters}
-		sampleProcs(&s, processTree(e.d.cmd.Process.Pid))
+		sampleProcs(&s, bench.ProcessTree(e.d.cmd.Process.Pid)) // a sandboxed daemon is a supervisor and its child
 		page, err := scrape(client, &s)
 		if err != nil {
 			t.Logf("%s sample at %v: %v", kind, s.At.Round(time.Second), err)
