@@ -286,18 +286,24 @@ func run(o *Options, stdout io.Writer) error {
 
 // listenerFromFD adopts an inherited, listening unix socket.
 func listenerFromFD(fd int, what string) (*net.UnixListener, error) {
-	f := os.NewFile(uintptr(fd), "vhost-user-listener")
+	return unixListener(os.NewFile(uintptr(fd), "vhost-user-listener"), fmt.Sprintf("%s (fd %d)", what, fd))
+}
+
+// unixListener wraps f, a listening unix socket, and closes f. The
+// listener never removes its path: the process that created the socket
+// does (inside a sandbox the path would name a file of the share).
+func unixListener(f *os.File, what string) (*net.UnixListener, error) {
 	l, err := net.FileListener(f)
 	f.Close()
 	if err != nil {
-		return nil, fmt.Errorf("%s (fd %d): %w", what, fd, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	ul, ok := l.(*net.UnixListener)
 	if !ok {
 		l.Close()
-		return nil, fmt.Errorf("%s (fd %d) is not a unix socket", what, fd)
+		return nil, fmt.Errorf("%s is not a unix socket", what)
 	}
-	ul.SetUnlinkOnClose(false) // not ours to remove
+	ul.SetUnlinkOnClose(false)
 	return ul, nil
 }
 
@@ -436,7 +442,9 @@ func newFileSystem(o *Options, in *sandbox.Inside) (*passthrough.FS, error) {
 func setNofile(o *Options, log *slog.Logger) error {
 	switch {
 	case o.RlimitNofile < 0:
-		limit := defaultNofile()
+		// min(1,000,000, fs.nr_open), as the Rust daemon: RaiseNofileLimit
+		// clamps to fs.nr_open.
+		const limit = 1_000_000
 		if got, err := passthrough.RaiseNofileLimit(limit); err != nil {
 			log.Warn("cannot raise RLIMIT_NOFILE", "want", limit, "have", got, "err", err)
 		}
@@ -446,18 +454,4 @@ func setNofile(o *Options, log *slog.Logger) error {
 		}
 	}
 	return nil
-}
-
-// defaultNofile is min(1,000,000, fs.nr_open), as the Rust daemon uses.
-func defaultNofile() uint64 {
-	const want = 1_000_000
-	b, err := os.ReadFile("/proc/sys/fs/nr_open")
-	if err != nil {
-		return want
-	}
-	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		return want
-	}
-	return min(n, want)
 }

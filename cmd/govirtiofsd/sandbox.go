@@ -147,16 +147,5 @@ func handedListener(in *sandbox.Inside) (*net.UnixListener, error) {
 	if f == nil {
 		return nil, fmt.Errorf("no vhost-user listener was handed into the sandbox")
 	}
-	defer f.Close()
-	l, err := net.FileListener(f)
-	if err != nil {
-		return nil, fmt.Errorf("vhost-user listener: %w", err)
-	}
-	ul, ok := l.(*net.UnixListener)
-	if !ok {
-		l.Close()
-		return nil, fmt.Errorf("vhost-user listener is not a unix socket")
-	}
-	ul.SetUnlinkOnClose(false) // never by path: inside a sandbox it names a file of the share
-	return ul, nil
+	return unixListener(f, "vhost-user listener")
 }
