@@ -152,10 +152,7 @@ func (f *FS) createOpenExisting(dir iref, name []byte, fl int, openFlags uint32,
 		// The entry's attributes were read before the truncation.
 		var st unix.Statx_t
 		if statxFD(fd, &st) == 0 {
-			attrFromStatx(&out.Attr, &st)
-			if f.ids != nil {
-				f.ids.toGuest(&out.Attr.Uid, &out.Attr.Gid)
-			}
+			f.guestAttr(&out.Attr, &st)
 		}
 	}
 	out.OpenOut = gofuse.OpenOut{Fh: h.id, OpenFlags: f.fileOpenFlags()}

@@ -429,6 +429,15 @@ func (f *FS) fillAttrOut(out *gofuse.AttrOut, st *syscall.Stat_t) {
 	setTimeout(&out.AttrValid, &out.AttrValidNsec, f.attrTimeout)
 }
 
+// guestAttr fills a FUSE attr from a statx result, owners as the guest
+// sees them (--translate-uid/--translate-gid).
+func (f *FS) guestAttr(a *gofuse.Attr, st *unix.Statx_t) {
+	attrFromStatx(a, st)
+	if f.ids != nil {
+		f.ids.toGuest(&a.Uid, &a.Gid)
+	}
+}
+
 // attrFromStatx fills a FUSE attr from a statx result.
 func attrFromStatx(a *gofuse.Attr, st *unix.Statx_t) {
 	*a = gofuse.Attr{
@@ -456,10 +465,7 @@ func newEncodeDev(major, minor uint32) uint32 {
 
 func (f *FS) fillEntry(out *gofuse.EntryOut, i *inode, st *unix.Statx_t, parentMnt uint64) {
 	*out = gofuse.EntryOut{NodeId: i.id}
-	attrFromStatx(&out.Attr, st)
-	if f.ids != nil {
-		f.ids.toGuest(&out.Attr.Uid, &out.Attr.Gid)
-	}
+	f.guestAttr(&out.Attr, st)
 	if f.submounts.Load() && i.isDir() && st.Mnt_id != parentMnt {
 		out.Attr.Flags |= gofuse.ATTR_SUBMOUNT
 	}
