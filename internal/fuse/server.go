@@ -374,26 +374,30 @@ func (q *Queue) dispatch(in, out *bufvec.Vec) (int, syscall.Errno) {
 	return 0, syscall.ENOSYS
 }
 
-// heavyBytes is the size from which a READ or WRITE is worth a hand-off to
-// a worker goroutine: below it the syscall costs about as much as the
-// hand-off, and serving inline keeps small I/O on one core.
+// heavyBytes is the size from which a READ or WRITE is worth a second
+// core: below it the syscall costs about as much as waking another server,
+// and serving it on the current one keeps small I/O on one core.
 const heavyBytes = 32 << 10
 
-// Heavy reports whether the request in (not yet consumed) is a large READ
-// or WRITE. It only peeks: the cursor is left at the start, and Serve
-// validates everything again.
-func (q *Queue) Heavy(in *bufvec.Vec) bool {
+// Classify tells the ring's servers how to schedule the request in (not yet
+// consumed): heavy for a large READ or WRITE, and for a large WRITE the node
+// it writes, so writes to one file are not served side by side only to
+// contend for its lock. It only peeks: the cursor is left at the start, and
+// Serve validates everything again.
+func (q *Queue) Classify(in *bufvec.Vec) (heavy bool, writeNode uint64) {
 	var b [InHeaderSize + 24]byte // fuse_in_header, then fh, offset, size
 	if in.Pos() != 0 || in.ReadFull(b[:]) != nil {
 		in.Rewind()
-		return false
+		return false, 0
 	}
 	in.Rewind()
 	switch binary.LittleEndian.Uint32(b[4:]) {
 	case OpWrite:
-		return binary.LittleEndian.Uint32(b[0:]) >= heavyBytes
+		if binary.LittleEndian.Uint32(b[0:]) >= heavyBytes {
+			return true, binary.LittleEndian.Uint64(b[16:]) // nodeid
+		}
 	case OpRead:
-		return binary.LittleEndian.Uint32(b[InHeaderSize+16:]) >= heavyBytes
+		return binary.LittleEndian.Uint32(b[InHeaderSize+16:]) >= heavyBytes, 0
 	}
-	return false
+	return false, 0
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -14,25 +15,44 @@ import (
 	"github.com/govirtiofsd/govirtiofsd/internal/virtqueue"
 )
 
-// Classifier is implemented by request handlers that can tell a request
-// worth a hand-off to a worker goroutine (a large read or write: the
-// syscall dwarfs the hand-off, and another core can run it) from a cheap
-// one, which is served inline on the ring's goroutine.
+// Classifier is implemented by request handlers that can tell, from a popped
+// request, whether it is worth a second core.
 type Classifier interface {
-	Heavy(in *bufvec.Vec) bool
+	// Classify peeks at request in without consuming it. heavy marks a
+	// large READ or WRITE: its syscall dwarfs the cost of waking another
+	// server goroutine, so the ring gets one while more chains wait.
+	// writeNode is the node a heavy WRITE writes, 0 for any other
+	// request: two large writes to one file would only contend for the
+	// host inode's lock, so they are served one after the other by the
+	// same server.
+	Classify(in *bufvec.Vec) (heavy bool, writeNode uint64)
 }
 
-// slot is the state of one request in flight: its chain, the memory table
-// its segments point into, and the handler scratch that serves it. A ring
-// has 1 + Config.Workers slots, allocated once; a slot is either free,
-// being served inline by the ring goroutine, or lent to its worker.
+// slot is the state of one request in flight: its chain and the handler
+// scratch that serves it. A ring's slots are allocated once, when it is
+// first started; they move between the runner's free list, a server, and a
+// server's backlog.
 type slot struct {
 	chain    *virtqueue.DescChain
-	mem      *virtqueue.GuestMemory
 	handler  RequestHandler
-	classify Classifier // nil: never offloaded
-	wake     chan *runner
-	hasG     bool // a worker goroutine waits on wake
+	classify Classifier // nil: every request is cheap
+	// mem is the slot's own reference on the table its chain was
+	// translated with, held only while the slot waits in a backlog or is
+	// served from one (a server's chains otherwise live under the
+	// server's reference).
+	mem *virtqueue.GuestMemory
+}
+
+// deferSlots is how many heavy writes a ring may hold back for the server
+// already writing their file, beyond one slot per server.
+const deferSlots = 8
+
+// ringSlots is the number of slots a ring with the given worker cap needs.
+func ringSlots(workers int) int {
+	if workers == 0 {
+		return 1
+	}
+	return 1 + workers + deferSlots
 }
 
 func (r *vring) newSlots(n int) []*slot {
@@ -45,8 +65,7 @@ func (r *vring) newSlots(n int) []*slot {
 	return slots
 }
 
-// release drops the chain's segments and, for a lent chain, its reference
-// to the memory table.
+// release drops the chain's segments and the slot's own memory reference.
 func (s *slot) release() {
 	s.chain.Release()
 	if s.mem != nil {
@@ -55,32 +74,67 @@ func (s *slot) release() {
 	}
 }
 
-// runner serves one started, enabled ring: a goroutine that pops chains
-// and serves cheap ones inline, handing heavy ones to the slots' worker
-// goroutines while the back end's worker budget allows.
+// runner serves one started, enabled ring with up to 1 + Config.Workers
+// server goroutines. There is no dispatcher: each server pops the next
+// chain itself (under the ring's own lock), serves it, pushes the reply and
+// pops again, so a busy ring costs no hand-off per request. The first
+// server always runs; it wakes another only after popping a heavy request
+// while more chains wait or no one watches the ring, and only while the
+// back end's worker budget, shared by all rings, allows. A server with
+// nothing to do either watches the kick fd (one at a time) or parks.
 type runner struct {
 	r        *vring
 	q        *virtqueue.Queue
 	kick     *os.File // nil: the ring is polled (kick sent with NOFD)
 	stopping atomic.Bool
-	done     chan struct{}
-	slots    []*slot
-	free     chan *slot // slots not in use
-	cur      *slot      // the slot the ring goroutine holds, if any
 	stats    *ringStats // nil with metrics off
+	done     chan struct{}
+
+	// mu guards the Queue's consumer side (Snapshot, PopSeen,
+	// EnableNotify) and the fields below. It is this ring's alone.
+	mu      sync.Mutex
+	servers []*server
+	idle    []*server // parked servers, most recently parked last
+	free    []*slot
+	polling bool                   // a server waits for a kick
+	live    int                    // server goroutines started and not yet exited
+	mem     *virtqueue.GuestMemory // table for the chains the last Snapshot saw (referenced)
+}
+
+// server is one goroutine serving a ring.
+type server struct {
+	rn      *runner
+	wake    chan struct{}
+	started bool
+	extra   bool                   // holds a unit of the back end's worker budget
+	mem     *virtqueue.GuestMemory // reference covering the chains this server pops
+	node    uint64                 // node of the heavy WRITE being served; 0 for none (mu)
+	backlog []*slot                // writes to node deferred to this server, oldest first (mu)
 }
 
 // pollInterval is how often a ring without a kick fd is polled.
 const pollInterval = 200 * time.Microsecond
 
 func startRunner(r *vring, q *virtqueue.Queue, kickFD int, slots []*slot) *runner {
-	rn := &runner{r: r, q: q, done: make(chan struct{}), slots: slots, free: make(chan *slot, len(slots)),
-		stats: r.b.ringStats(r.index)}
+	rn := &runner{r: r, q: q, done: make(chan struct{}), stats: r.b.ringStats(r.index),
+		free: make([]*slot, 0, len(slots))}
+	rn.free = append(rn.free, slots...)
 	if rn.stats != nil {
 		rn.stats.active.Store(true)
 	}
-	for _, s := range slots {
-		rn.free <- s
+	n := 1
+	if r.b.cfg.Workers > 0 {
+		n += r.b.cfg.Workers
+	}
+	rn.servers = make([]*server, n)
+	rn.idle = make([]*server, 0, n)
+	for i := range rn.servers {
+		rn.servers[i] = &server{rn: rn, wake: make(chan struct{}, 1), backlog: make([]*slot, 0, len(slots))}
+	}
+	// Servers are started on first need; the idle list hands out the
+	// never-started ones last.
+	for i := n - 1; i >= 1; i-- {
+		rn.idle = append(rn.idle, rn.servers[i])
 	}
 	if kickFD >= 0 {
 		// A dup, so the poller owns its own fd and closing it cannot race
@@ -97,36 +151,85 @@ func startRunner(r *vring, q *virtqueue.Queue, kickFD int, slots []*slot) *runne
 			r.log().Warn("cannot watch kick fd; polling the ring", "err", err)
 		}
 	}
-	go rn.serve()
+	rn.mu.Lock()
+	rn.startLocked(rn.servers[0])
+	rn.mu.Unlock()
 	return rn
 }
 
-// stop asks the ring goroutine to finish and waits until it has exited and
-// every slot lent to a worker has come back: every chain popped has then
-// been completed and pushed, so the Queue's LastAvail is exact.
+// stop asks the servers to finish and waits until every one has exited:
+// every chain popped has then been completed and pushed, so the Queue's
+// LastAvail is exact.
 func (rn *runner) stop() {
-	rn.stopping.Store(true)
-	if rn.kick != nil {
-		rn.kick.SetReadDeadline(time.Unix(1, 0)) // wake a blocked read
-	}
 	// A request waiting for the VMM (FS_IO) would wait forever: the VMM
 	// answers only after we answer the message that stops this ring.
 	b := rn.r.b
 	b.backend.abort()
 	defer b.backend.endAbort()
+	rn.mu.Lock()
+	rn.endLocked()
+	rn.mu.Unlock()
 	<-rn.done
-	for range rn.slots {
-		<-rn.free
+	if err := rn.q.Notify(); err != nil {
+		rn.r.log().Warn("notify guest", "err", err)
 	}
-	for _, s := range rn.slots {
-		if s.hasG {
-			close(s.wake)
-			s.hasG = false
-		}
+	if rn.mem != nil {
+		rn.mem.Put()
+		rn.mem = nil
 	}
 	if rn.kick != nil {
 		rn.kick.Close()
 	}
+}
+
+// endLocked makes every server finish what it holds and exit.
+func (rn *runner) endLocked() {
+	rn.stopping.Store(true)
+	if rn.kick != nil {
+		rn.kick.SetReadDeadline(time.Unix(1, 0)) // wake a blocked read
+	}
+	for _, s := range rn.idle {
+		if s.started {
+			s.wake <- struct{}{}
+		}
+	}
+	rn.idle = rn.idle[:0]
+}
+
+// startLocked runs server s, on its goroutine's first use.
+func (rn *runner) startLocked(s *server) {
+	s.started = true
+	rn.live++
+	go s.run()
+}
+
+// wakeLocked takes the most recently parked server off the idle list and
+// sets it running.
+func (rn *runner) wakeLocked() *server {
+	s := rn.idle[len(rn.idle)-1]
+	rn.idle = rn.idle[:len(rn.idle)-1]
+	if !s.started {
+		rn.startLocked(s)
+	} else {
+		s.wake <- struct{}{} // buffered: a parked server reads it once
+	}
+	return s
+}
+
+// spreadLocked is the per-request choice: after a heavy request is popped,
+// wake another server if one is parked, a slot is free, and either more
+// chains wait or no one would watch the ring while this request is served.
+func (rn *runner) spreadLocked() {
+	if len(rn.idle) == 0 || len(rn.free) == 0 || rn.stopping.Load() {
+		return
+	}
+	if rn.polling && !rn.q.Pending() {
+		return
+	}
+	if !rn.r.b.takeWorker() {
+		return
+	}
+	rn.wakeLocked().extra = true
 }
 
 // onFault turns a fault on guest memory (the front end shrank the file
@@ -140,175 +243,264 @@ func (rn *runner) onFault(e any) {
 	rn.r.log().Error("fault on guest memory; ring stopped", "addr", fmt.Sprintf("%#x", fault.Addr()))
 }
 
-func (rn *runner) serve() {
-	defer close(rn.done)
-	if rn.stats != nil {
-		defer rn.stats.active.Store(false)
-	}
+func (s *server) run() {
+	rn := s.rn
 	debug.SetPanicOnFault(true)
+	var cur *slot
 	defer func() {
-		if e := recover(); e != nil {
+		e := recover()
+		if e != nil {
 			rn.onFault(e)
-			rn.stopping.Store(true)
-			if rn.cur != nil { // its chain is lost with the ring
-				rn.put(rn.cur)
-			}
 		}
+		rn.mu.Lock()
+		if e != nil {
+			// The chains this server holds are lost with the ring.
+			if cur != nil {
+				cur.release()
+				rn.free = append(rn.free, cur)
+			}
+			for _, sl := range s.backlog {
+				sl.release()
+				rn.free = append(rn.free, sl)
+			}
+			s.backlog, s.node = s.backlog[:0], 0
+			rn.endLocked()
+		}
+		s.leaveLocked()
+		rn.live--
+		if rn.live == 0 {
+			if rn.stats != nil {
+				rn.stats.active.Store(false)
+			}
+			close(rn.done)
+		}
+		rn.mu.Unlock()
 	}()
-	r, q := rn.r, rn.q
-	var kickBuf [8]byte
-	for !rn.stopping.Load() {
-		rn.drain()
-		if rn.stopping.Load() || q.Broken() {
-			break
+	for {
+		done := cur
+		cur = nil // a fault inside next must not free done twice
+		cur = s.next(done)
+		if cur == nil {
+			return
 		}
-		if q.EnableNotify() {
-			continue // raced with the guest: more chains arrived
+		written := cur.handler.Serve(cur.chain.Readable, cur.chain.Writable)
+		// Notify as soon as the guest asks (EVENT_IDX keeps that cheap):
+		// holding completions back lets one slow request delay the
+		// replies already pushed.
+		if err := rn.q.PushNotify(cur.chain.Head, written); err != nil {
+			rn.r.log().Warn("notify guest", "err", err)
 		}
-		if err := q.Notify(); err != nil {
-			r.log().Warn("notify guest", "err", err)
-		}
-		if rn.kick == nil {
-			time.Sleep(pollInterval)
-			continue
-		}
-		if _, err := rn.kick.Read(kickBuf[:]); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-			if !errors.Is(err, unix.EAGAIN) {
-				r.log().Warn("read kick fd", "err", err)
-				break
-			}
-		}
-	}
-	if err := q.Notify(); err != nil {
-		r.log().Warn("notify guest", "err", err)
+		rn.completed()
+		cur.release()
 	}
 }
 
-// drain serves available chains until the ring is empty or a stop is asked.
-func (rn *runner) drain() {
-	r, q := rn.r, rn.q
-	for !rn.stopping.Load() {
-		// Read avail.idx before taking the memory table: the chains seen
-		// are translated with a table at least as new as the front end's
-		// last acknowledged memory change.
+// leaveLocked drops what a server holds while it does not serve: its memory
+// reference and its unit of the worker budget.
+func (s *server) leaveLocked() {
+	if s.mem != nil {
+		s.mem.Put()
+		s.mem = nil
+	}
+	if s.extra {
+		s.rn.r.b.putWorker()
+		s.extra = false
+	}
+}
+
+// next returns the slot done (served, or nil) to the free list and returns
+// the next request to serve: the oldest write deferred to this server, else
+// a chain popped from the ring. It waits while there is nothing to serve
+// and returns nil when the server must exit.
+func (s *server) next(done *slot) *slot {
+	rn := s.rn
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	if done != nil {
+		rn.free = append(rn.free, done)
+	}
+	for {
+		if len(s.backlog) > 0 {
+			sl := s.backlog[0]
+			n := copy(s.backlog, s.backlog[1:])
+			s.backlog = s.backlog[:n]
+			return sl
+		}
+		s.node = 0
+		if rn.stopping.Load() {
+			return nil
+		}
+		sl, st := rn.popLocked(s)
+		switch st {
+		case popped:
+			var heavy bool
+			var node uint64
+			if sl.classify != nil {
+				heavy, node = sl.classify.Classify(sl.chain.Readable)
+			}
+			if node != 0 {
+				if w := rn.writerLocked(node); w != nil {
+					sl.mem = s.mem
+					sl.mem.TryGet() // cannot fail: s holds a reference
+					w.backlog = append(w.backlog, sl)
+					continue
+				}
+				s.node = node
+			}
+			if heavy {
+				rn.spreadLocked()
+			}
+			return sl
+		case popBad:
+			continue
+		case popEnded:
+			rn.endLocked()
+			return nil
+		case popEmpty, popNoMemory:
+			if !rn.polling {
+				s.watchLocked(st == popNoMemory)
+				continue
+			}
+		}
+		// Nothing this server can take: another watches the ring, or every
+		// slot is held by a server that will come back for more.
+		s.parkLocked()
+	}
+}
+
+// writerLocked returns the server serving a heavy WRITE to node, if any.
+func (rn *runner) writerLocked(node uint64) *server {
+	for _, w := range rn.servers {
+		if w.node == node {
+			return w
+		}
+	}
+	return nil
+}
+
+// parkLocked sleeps until another server (or stop) wakes s. mu is released
+// meanwhile.
+func (s *server) parkLocked() {
+	rn := s.rn
+	s.leaveLocked()
+	rn.idle = append(rn.idle, s)
+	rn.mu.Unlock()
+	<-s.wake
+	rn.mu.Lock()
+}
+
+// watchLocked waits for the guest to publish chains: it enables the guest's
+// kicks, and unless chains arrived meanwhile, flushes notifications and
+// sleeps on the kick fd. mu is released while it sleeps.
+func (s *server) watchLocked(noMemory bool) {
+	rn := s.rn
+	if !noMemory && rn.q.EnableNotify() {
+		return // raced with the guest: more chains arrived
+	}
+	rn.polling = true
+	rn.mu.Unlock()
+	if err := rn.q.Notify(); err != nil {
+		rn.r.log().Warn("notify guest", "err", err)
+	}
+	if rn.kick == nil {
+		time.Sleep(pollInterval)
+	} else {
+		var buf [8]byte
+		if _, err := rn.kick.Read(buf[:]); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, unix.EAGAIN) {
+			rn.r.log().Warn("read kick fd", "err", err)
+			rn.mu.Lock()
+			rn.polling = false
+			rn.endLocked()
+			return
+		}
+	}
+	rn.mu.Lock()
+	rn.polling = false
+}
+
+// popState is what popLocked found.
+type popState int
+
+const (
+	popped      popState = iota // a chain to serve
+	popBad                      // a malformed chain, already answered
+	popEmpty                    // nothing published
+	popNoMemory                 // chains wait, but no memory table is mapped
+	popNoSlot                   // chains wait, but every slot is in use
+	popEnded                    // the ring stopped serving
+)
+
+// popLocked takes the next chain into a free slot, translated with a table
+// s holds a reference on.
+func (rn *runner) popLocked(s *server) (*slot, popState) {
+	q := rn.q
+	if q.SeenAvail() == q.LastAvail() {
+		// Read avail.idx before choosing the memory table: the chains
+		// seen are translated with a table at least as new as the front
+		// end's last acknowledged memory change.
 		pending, err := q.Snapshot()
 		if err != nil {
-			r.log().Error("ring stopped serving", "err", err)
-			return
+			rn.r.log().Error("ring stopped serving", "err", err)
+			return nil, popEnded
 		}
 		if rn.stats != nil {
 			rn.stats.seen.Store(uint32(q.SeenAvail()))
 		}
 		if !pending {
-			return
+			return nil, popEmpty
 		}
-		mem := r.b.memory.Acquire()
-		if mem == nil {
-			return // memory withdrawn: nothing can be translated
-		}
-		rn.drainSeen(mem)
-		mem.Put()
-	}
-}
-
-// drainSeen serves the chains seen by the last Snapshot with table mem.
-func (rn *runner) drainSeen(mem *virtqueue.GuestMemory) {
-	r, q := rn.r, rn.q
-	for !rn.stopping.Load() {
-		// A slot is always free here: this goroutine holds none, and at
-		// most len(slots)-1 are lent to workers.
-		s := <-rn.free
-		rn.cur = s
-		ok, err := q.PopSeen(s.chain, mem)
-		if !ok {
-			rn.put(s)
-			if err != nil {
-				r.log().Error("ring stopped serving", "err", err)
+		if cur := rn.r.b.memory.Current(); cur != rn.mem {
+			if rn.mem != nil {
+				rn.mem.Put()
 			}
-			return
+			rn.mem = rn.r.b.memory.Acquire()
 		}
-		if rn.stats != nil {
-			rn.stats.popped.Add(1)
-			rn.stats.taken.Store(uint32(q.LastAvail()))
-		}
-		switch {
-		case err == nil:
-			if q.AllowsUnmapped() {
-				s.chain.Readable.SetBouncer(&r.b.backend)
-				s.chain.Writable.SetBouncer(&r.b.backend)
-			}
-			if s.classify != nil && s.classify.Heavy(s.chain.Readable) && r.b.takeWorker() {
-				// A lent chain may outlive this batch: it takes its own
-				// reference (cannot fail: we hold one). Inline requests
-				// share the batch's, which keeps shared atomics off the
-				// common path.
-				mem.TryGet()
-				s.mem = mem
-				rn.cur = nil
-				rn.lend(s)
-				continue
-			}
-			written := s.handler.Serve(s.chain.Readable, s.chain.Writable)
-			// Notify as soon as the guest asks (EVENT_IDX keeps that
-			// cheap): holding completions until the ring is empty let one
-			// slow request delay the replies already pushed.
-			if err := q.PushNotify(s.chain.Head, written); err != nil {
-				r.log().Warn("notify guest", "err", err)
-			}
-			rn.completed()
-		case errors.Is(err, virtqueue.ErrBadChain):
-			rn.bad(err)
-			q.Push(s.chain.Head, 0)
-			rn.completed()
-		default: // ErrBadHead: nothing to return
-			rn.bad(err)
-			rn.completed()
-		}
-		rn.put(s)
 	}
-}
-
-// put returns the slot the ring goroutine holds to the free list.
-func (rn *runner) put(s *slot) {
-	s.release()
-	rn.cur = nil
-	rn.free <- s
-}
-
-// lend hands a popped chain to the slot's worker goroutine, starting it on
-// first use.
-func (rn *runner) lend(s *slot) {
-	if !s.hasG {
-		s.wake = make(chan *runner, 1)
-		s.hasG = true
-		go s.work(rn.r.b)
+	if rn.mem == nil {
+		return nil, popNoMemory // memory withdrawn: nothing can be translated
 	}
-	s.wake <- rn
-}
-
-// work serves the chains lent to the slot, pushing and notifying itself.
-func (s *slot) work(b *Backend) {
-	debug.SetPanicOnFault(true)
-	for rn := range s.wake {
-		s.serveLent(rn)
-		b.putWorker()
-		rn.free <- s
+	if len(rn.free) == 0 {
+		return nil, popNoSlot
 	}
-}
-
-func (s *slot) serveLent(rn *runner) {
-	defer func() {
-		if e := recover(); e != nil {
-			rn.onFault(e)
-			s.release()
+	if s.mem != rn.mem {
+		if s.mem != nil {
+			s.mem.Put()
 		}
-	}()
-	written := s.handler.Serve(s.chain.Readable, s.chain.Writable)
-	if err := rn.q.PushNotify(s.chain.Head, written); err != nil {
-		rn.r.log().Warn("notify guest", "err", err)
+		rn.mem.TryGet() // cannot fail: the runner holds a reference
+		s.mem = rn.mem
+	}
+	sl := rn.free[len(rn.free)-1]
+	rn.free = rn.free[:len(rn.free)-1]
+	ok, err := q.PopSeen(sl.chain, s.mem)
+	if !ok {
+		rn.free = append(rn.free, sl)
+		if err != nil {
+			rn.r.log().Error("ring stopped serving", "err", err)
+			return nil, popEnded
+		}
+		return nil, popEmpty
+	}
+	if rn.stats != nil {
+		rn.stats.popped.Add(1)
+		rn.stats.taken.Store(uint32(q.LastAvail()))
+	}
+	switch {
+	case err == nil:
+		if q.AllowsUnmapped() {
+			sl.chain.Readable.SetBouncer(&rn.r.b.backend)
+			sl.chain.Writable.SetBouncer(&rn.r.b.backend)
+		}
+		return sl, popped
+	case errors.Is(err, virtqueue.ErrBadChain):
+		rn.bad(err)
+		q.Push(sl.chain.Head, 0)
+	default: // ErrBadHead: nothing to return
+		rn.bad(err)
 	}
 	rn.completed()
-	s.release()
+	sl.release()
+	rn.free = append(rn.free, sl)
+	return nil, popBad
 }
 
 // completed counts a chain answered (or dropped, for a bad head).

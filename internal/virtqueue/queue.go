@@ -128,6 +128,7 @@ func New(cfg Config, mem *GuestMemory) (*Queue, error) {
 		return nil, fmt.Errorf("ring desc %#x avail %#x used %#x (size %d) not inside one mapped region each", cfg.DescAddr, cfg.AvailAddr, cfg.UsedAddr, n)
 	}
 	q.lastAvail = cfg.AvailBase
+	q.seenAvail = cfg.AvailBase // nothing seen yet
 	q.usedIdx = q.loadUsedIdx()
 	q.signalled = q.usedIdx
 	return q, nil
