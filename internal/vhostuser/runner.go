@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -97,6 +98,13 @@ type runner struct {
 	idle    []*server // parked servers, most recently parked last
 	free    []*slot
 	polling bool                   // a server waits for a kick
+	// backoff and skip damp futile wake-ups: when a server woken for a
+	// heavy request parks again having served nothing (every chain it
+	// popped was a write to a file another server was writing), the next
+	// backoff heavy requests wake no one; backoff doubles on each futile
+	// wake-up and resets on a useful one.
+	backoff int
+	skip    int
 	live    int                    // server goroutines started and not yet exited
 	mem     *virtqueue.GuestMemory // table for the chains the last Snapshot saw (referenced)
 }
@@ -107,6 +115,7 @@ type server struct {
 	wake    chan struct{}
 	started bool
 	extra   bool                   // holds a unit of the back end's worker budget
+	served  bool                   // served a request since it was last woken
 	mem     *virtqueue.GuestMemory // reference covering the chains this server pops
 	node    uint64                 // node of the heavy WRITE being served; 0 for none (mu)
 	backlog []*slot                // writes to node deferred to this server, oldest first (mu)
@@ -226,6 +235,10 @@ func (rn *runner) spreadLocked() {
 	if rn.polling && !rn.q.Pending() {
 		return
 	}
+	if rn.skip > 0 {
+		rn.skip--
+		return
+	}
 	if !rn.r.b.takeWorker() {
 		return
 	}
@@ -245,6 +258,12 @@ func (rn *runner) onFault(e any) {
 
 func (s *server) run() {
 	rn := s.rn
+	// A server keeps its thread: a busy ring's server then never sleeps,
+	// so Linux leaves its thread on one CPU, and a woken front-end thread
+	// is placed on another instead of preempting it on every
+	// notification (a switch, and on some hypervisors a TLB flush, that
+	// made the copy to the file a third slower).
+	runtime.LockOSThread()
 	debug.SetPanicOnFault(true)
 	var cur *slot
 	defer func() {
@@ -324,6 +343,7 @@ func (s *server) next(done *slot) *slot {
 			sl := s.backlog[0]
 			n := copy(s.backlog, s.backlog[1:])
 			s.backlog = s.backlog[:n]
+			s.served = true
 			return sl
 		}
 		s.node = 0
@@ -350,6 +370,7 @@ func (s *server) next(done *slot) *slot {
 			if heavy {
 				rn.spreadLocked()
 			}
+			s.served = true
 			return sl
 		case popBad:
 			continue
@@ -378,10 +399,24 @@ func (rn *runner) writerLocked(node uint64) *server {
 	return nil
 }
 
+// maxBackoff bounds how many heavy requests pass without a wake-up after
+// futile ones, so a ring whose traffic changes (one file, then many) gets
+// its second server back within a few dozen requests.
+const maxBackoff = 63
+
 // parkLocked sleeps until another server (or stop) wakes s. mu is released
 // meanwhile.
 func (s *server) parkLocked() {
 	rn := s.rn
+	if s.extra {
+		if s.served {
+			rn.backoff = 0
+		} else {
+			rn.backoff = min(2*rn.backoff+1, maxBackoff)
+			rn.skip = rn.backoff
+		}
+	}
+	s.served = false
 	s.leaveLocked()
 	rn.idle = append(rn.idle, s)
 	rn.mu.Unlock()

@@ -410,16 +410,22 @@ func (q *Queue) notify() error {
 
 var one = [8]byte{1}
 
-// signal adds one to an eventfd.
+// signal adds one to an eventfd. The write never blocks (a saturated
+// counter answers EAGAIN), so it is issued as a raw syscall: the Go
+// scheduler's syscall bookkeeping would let it hand this thread's P to
+// another thread whenever the woken guest thread preempts us mid-write,
+// and the serving goroutine would then resume on a third thread.
 func signal(fd int) error {
 	for {
-		_, err := unix.Write(fd, one[:])
-		switch err {
+		_, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&one[0])), uintptr(len(one)))
+		switch e {
+		case 0:
+			return nil
 		case unix.EINTR:
 			continue
 		case unix.EAGAIN:
 			return nil // counter saturated: the guest will see it anyway
 		}
-		return err
+		return e
 	}
 }
