@@ -99,8 +99,13 @@ type Queue struct {
 	// reconnected daemon), so with EVENT_IDX its first decision signals,
 	// as vhost's signalled_used_valid does.
 	decided bool
-	callFD  int    // eventfd to signal the guest, -1 for none
 	fence   uint32 // target of the atomic op used as a full barrier
+
+	// callMu guards callFD. Signalling takes it shared and outside mu, so
+	// a pusher preempted in the eventfd write (the woken guest thread
+	// often takes its CPU) does not hold up the other pushers.
+	callMu sync.RWMutex
+	callFD int // eventfd to signal the guest, -1 for none
 }
 
 // New validates cfg against mem and returns a ring ready to serve. The ring
@@ -164,12 +169,12 @@ func (q *Queue) SeenAvail() uint16 { return q.seenAvail }
 func (q *Queue) Broken() bool { return q.broken }
 
 // SetCall installs a new call eventfd (or -1) and returns the previous one.
-// It takes the push lock, so once it returns no goroutine still signals the
-// old fd and the caller may close it.
+// Once it returns no goroutine still signals the old fd, so the caller may
+// close it.
 func (q *Queue) SetCall(fd int) (old int) {
-	q.mu.Lock()
+	q.callMu.Lock()
 	old, q.callFD = q.callFD, fd
-	q.mu.Unlock()
+	q.callMu.Unlock()
 	return old
 }
 
@@ -371,27 +376,40 @@ func (q *Queue) push(head uint16, n uint32) {
 
 // PushNotify pushes one chain and signals the guest if it asked for it.
 func (q *Queue) PushNotify(head uint16, n uint32) error {
+	if !q.pushDecide(head, n) {
+		return nil
+	}
+	return q.signal()
+}
+
+func (q *Queue) pushDecide(head uint16, n uint32) bool {
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.mu.Unlock() // deferred: a fault on guest memory must not leave it held
 	q.push(head, n)
-	return q.notify()
+	return q.needNotify()
 }
 
 // Notify signals the guest if it asked to be told about the used entries
 // pushed since the last notification.
 func (q *Queue) Notify() error {
 	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.notify()
+	need := q.needNotify()
+	q.mu.Unlock()
+	if !need {
+		return nil
+	}
+	return q.signal()
 }
 
-func (q *Queue) notify() error {
+// needNotify decides, under mu, whether the entries pushed since the last
+// decision call for a notification.
+func (q *Queue) needNotify() bool {
 	if q.used == nil {
-		return nil
+		return false
 	}
 	old, cur := q.signalled, q.usedIdx
 	if old == cur {
-		return nil
+		return false
 	}
 	q.fullBarrier()
 	var need bool
@@ -402,7 +420,14 @@ func (q *Queue) notify() error {
 		need = q.loadAvailFlags()&availNoInterrupt == 0
 	}
 	q.signalled, q.decided = cur, true
-	if !need || q.callFD < 0 {
+	return need
+}
+
+// signal kicks the guest's call eventfd, if there is one.
+func (q *Queue) signal() error {
+	q.callMu.RLock()
+	defer q.callMu.RUnlock()
+	if q.callFD < 0 {
 		return nil
 	}
 	return signal(q.callFD)
