@@ -67,9 +67,12 @@ type SuiteOptions struct {
 	Spin      time.Duration
 	IrqDiv    int
 	Raw       bool
-	OursEnv   []string
-	Out       io.Writer
-	Progress  io.Writer
+	// Interleave spreads each file's requests over every ring (see
+	// RunSpec.Interleave).
+	Interleave bool
+	OursEnv    []string
+	Out        io.Writer
+	Progress   io.Writer
 	// Hook, if set, runs at the start and end of each measurement with
 	// the daemon (e.g. to profile it).
 	OnStart, OnStop func(d *Daemon, w Workload)
@@ -202,7 +205,7 @@ func (o *SuiteOptions) runOne(c Config, w Workload, tag string) Cell {
 	defer t.Close()
 	var cpu0, cpu1 time.Duration
 	res, err := Run(t, RunSpec{Workload: w, Depth: o.Depth, Warmup: o.Warmup, Duration: o.Duration,
-		Prefix: tag, Spin: o.Spin, IrqDiv: o.IrqDiv, Raw: o.Raw, DebugPids: d.Pids,
+		Prefix: tag, Spin: o.Spin, IrqDiv: o.IrqDiv, Raw: o.Raw, Interleave: o.Interleave, DebugPids: d.Pids,
 		OnStart: func() {
 			if o.OnStart != nil {
 				o.OnStart(d, w)
@@ -343,13 +346,21 @@ func fmtDur(d time.Duration) string {
 	return fmt.Sprintf("%.0fµs", d.Seconds()*1e6)
 }
 
+func ringFiles(interleave bool) string {
+	if interleave {
+		return "each file's sequential requests go through both rings in turn (-interleave)"
+	}
+	return "ring 1 carries files 0 and 2, ring 2 files 1 and 3 (as Linux keeps a job on its CPU's queue)"
+}
+
 // Print writes the tables.
 func (sr *SuiteResult) Print(out io.Writer) {
 	o := sr.Opts
 	fmt.Fprintf(out, "\nDirect front end (test/vmm rings, indirect descriptors, one per 4 KiB page, EVENT_IDX), tmpfs share, cache=none,\n"+
 		"depth %d in total (spread over the request rings), %v per run after %v warm-up, median of %d round(s); MB = 10^6 bytes.\n"+
-		"ratio = ours (default settings) / best of %s; 2q = ours with 2 request rings / the same best.\n\n",
-		o.Depth, o.Duration, o.Warmup, o.Rounds, strings.Join(RefCompared, ", "))
+		"ratio = ours (default settings) / best of %s; 2q = ours with 2 request rings / the same best.\n"+
+		"With 2 rings, %s.\n\n",
+		o.Depth, o.Duration, o.Warmup, o.Rounds, strings.Join(RefCompared, ", "), ringFiles(o.Interleave))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	hdr := []string{"workload"}
 	for _, c := range o.Configs {

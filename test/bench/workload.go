@@ -398,6 +398,7 @@ type worker struct {
 	inflight int
 	rng      uint64
 	rr       int
+	rrStep   int
 	unique   uint64
 	lat      hist
 	ops      uint64
@@ -434,7 +435,7 @@ func (w *worker) submit(s *slot) {
 		switch rs.w.Kind {
 		case SeqWrite, SeqRead:
 			f = w.rr % len(rs.files)
-			w.rr++
+			w.rr += w.rrStep
 			off = (rs.seq[f].Add(size) - size) % (rs.fileSize / size * size)
 		default:
 			r := w.rand()
@@ -663,6 +664,13 @@ type RunSpec struct {
 	Spin   time.Duration
 	IrqDiv int
 	Raw    bool
+	// Interleave sends every ring's sequential requests to every file in
+	// turn. By default, with as many files as a multiple of the rings,
+	// ring i carries files i, i+rings, ... only: Linux maps a request to
+	// its submitting CPU's queue, so a fio job writing its own file stays
+	// on one queue, and one file written through several queues at once
+	// is the exception.
+	Interleave bool
 	// Hooks run at the start and end of the measurement window (for
 	// daemon CPU and profiles).
 	OnStart, OnStop func()
@@ -705,7 +713,10 @@ func Run(t *Target, spec RunSpec) (*Result, error) {
 	for i, r := range t.Rings {
 		r.Spin, r.Raw = spec.Spin, spec.Raw
 		wk := &worker{rs: rs, ring: r, rng: uint64(i)*0x9e3779b97f4a7c15 + 88172645463325252,
-			unique: uint64(i+1) << 48, rr: i}
+			unique: uint64(i+1) << 48, rr: i, rrStep: 1}
+		if !spec.Interleave && len(rs.files)%nr == 0 {
+			wk.rrStep = nr
+		}
 		n := spec.Depth / nr
 		if i < spec.Depth%nr {
 			n++

@@ -41,9 +41,10 @@ func main() {
 	flag.DurationVar(&o.Spin, "spin", 0, "poll the used ring this long before sleeping on the call eventfd")
 	flag.IntVar(&o.IrqDiv, "irq-div", 0, "ask for an interrupt after inflight/N completions (0: after the next one, as Linux does)")
 	flag.BoolVar(&o.Raw, "raw", false, "experimental: sleep on the call eventfd with a raw read(2) (no Go scheduler hand-off; a GC waits for the next completion)")
+	flag.BoolVar(&o.Interleave, "interleave", false, "with several rings, send each file's sequential requests through every ring (default: ring i carries files i, i+rings, ..., as Linux keeps a job on its CPU's queue)")
 	cpuprofile := flag.String("cpuprofile", "", "write the front end's CPU profile here")
 	oursEnv := flag.String("ours-env", "", "space-separated NAME=VALUE entries added to our daemon's environment (experiments)")
-	alt := flag.String("alt", "", "another build of ours, run with default settings as configuration \"alt\" (A/B comparisons in one run)")
+	alt := flag.String("alt", "", "another build of ours, run with default settings as configurations \"alt\" and \"alt-2q\" (A/B comparisons in one run)")
 	null := flag.Bool("null", false, "measure the front end alone against an in-process null device, then exit")
 	flag.Parse()
 	o.QueueSize = uint16(*queueSize)
@@ -75,7 +76,8 @@ func main() {
 		}
 	}
 	if *alt != "" {
-		o.Configs = append(o.Configs, bench.Config{Name: "alt", Ours: true, Pool: -1, Rings: 1, Bin: *alt})
+		o.Configs = append(o.Configs, bench.Config{Name: "alt", Ours: true, Pool: -1, Rings: 1, Bin: *alt},
+			bench.Config{Name: "alt-2q", Ours: true, Pool: -1, Rings: 2, Bin: *alt})
 	}
 	dir, err := os.MkdirTemp("", "govirtiofsd-bench-")
 	if err != nil {
