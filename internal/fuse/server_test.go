@@ -566,3 +566,42 @@ func TestUniqueZero(t *testing.T) {
 		t.Fatalf("GETATTR after unique-0 requests: error %d", errnoOf(r))
 	}
 }
+
+// TestClassify: the ring's servers learn from Classify which requests are
+// worth a second core and which node a large WRITE writes; it only peeks.
+func TestClassify(t *testing.T) {
+	q := NewServer(newFakeFS(), ServerOptions{}, quietLogger()).Queue(1)
+	rw := func(size uint32) []byte {
+		a := make([]byte, 40)
+		binary.LittleEndian.PutUint32(a[16:], size)
+		return a
+	}
+	for _, tc := range []struct {
+		name  string
+		req   []byte
+		sizes []int // segment split of the request
+		heavy bool
+		node  uint64
+	}{
+		{"write 1M", mkreq(OpWrite, 1, rw(1<<20), nil, make([]byte, 1<<20)), []int{40, 40}, true, testNode},
+		{"write at threshold", mkreq(OpWrite, 1, rw(heavyBytes-80), nil, make([]byte, heavyBytes-80)), nil, true, testNode},
+		{"write 4k", mkreq(OpWrite, 1, rw(4096), nil, make([]byte, 4096)), []int{40, 40}, false, 0},
+		{"read 1M", mkreq(OpRead, 1, rw(1<<20), nil, nil), []int{40}, true, 0},
+		{"read 4k", mkreq(OpRead, 1, rw(4096), nil, nil), nil, false, 0},
+		{"getattr", mkreq(OpGetattr, 1, make([]byte, 16), nil, nil), nil, false, 0},
+		{"short header", make([]byte, 30), nil, false, 0},
+		{"header only", mkreq(OpRead, 1, nil, nil, nil), nil, false, 0},
+		{"split header", mkreq(OpWrite, 1, rw(1<<20), nil, make([]byte, 1<<20)), []int{7, 13, 29}, true, testNode},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := vecOf(tc.req, tc.sizes...)
+			heavy, node := q.Classify(in)
+			if heavy != tc.heavy || node != tc.node {
+				t.Errorf("Classify = %v, %d; want %v, %d", heavy, node, tc.heavy, tc.node)
+			}
+			if in.Pos() != 0 {
+				t.Errorf("cursor left at %d", in.Pos())
+			}
+		})
+	}
+}

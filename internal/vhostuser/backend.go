@@ -92,10 +92,10 @@ type Config struct {
 	Tag     string
 	Handler Handler
 	Logger  *slog.Logger
-	// Workers caps the requests served on worker goroutines at once,
-	// across all rings (--thread-pool-size); 0 serves every request
-	// inline on its ring's goroutine. Each ring hands a request to a
-	// worker only when its handler classifies it as heavy.
+	// Workers caps the extra server goroutines awake at once across all
+	// rings, beyond the one each ring always has (--thread-pool-size); 0
+	// serves every request on its ring's single server. A ring wakes an
+	// extra server only when its handler classifies a request as heavy.
 	Workers int
 	// Metrics keeps per-ring counters for WriteMetrics.
 	Metrics bool

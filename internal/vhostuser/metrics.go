@@ -8,7 +8,7 @@ import (
 
 // ringStats are one ring's counters for Config.Metrics, kept outside the
 // vring (which the message loop creates and changes) so that a scrape reads
-// only atomics. The ring goroutine updates them once per batch or per
+// only atomics. The ring's servers update them once per snapshot or per
 // chain; with metrics off a runner has none and pays one nil check.
 type ringStats struct {
 	active    atomic.Bool   // started and enabled: a goroutine serves it
@@ -77,6 +77,6 @@ func (b *Backend) WriteMetrics(w io.Writer) error {
 		}
 		return 0
 	})
-	p("# HELP govirtiofsd_workers_busy Requests being served on worker goroutines.\n# TYPE govirtiofsd_workers_busy gauge\ngovirtiofsd_workers_busy %d\n", max(b.busyWorkers.Load(), 0))
+	p("# HELP govirtiofsd_workers_busy Extra ring servers awake, out of the --thread-pool-size budget.\n# TYPE govirtiofsd_workers_busy gauge\ngovirtiofsd_workers_busy %d\n", max(b.busyWorkers.Load(), 0))
 	return err
 }

@@ -97,7 +97,7 @@ type runner struct {
 	servers []*server
 	idle    []*server // parked servers, most recently parked last
 	free    []*slot
-	polling bool                   // a server waits for a kick
+	polling bool // a server waits for a kick
 	// backoff and skip damp futile wake-ups: when a server woken for a
 	// heavy request parks again having served nothing (every chain it
 	// popped was a write to a file another server was writing), the next

@@ -1,0 +1,223 @@
+package vhostuser
+
+import (
+	"encoding/binary"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
+	"github.com/govirtiofsd/govirtiofsd/test/vmm"
+)
+
+// probe is a request handler that records how requests overlap. A request
+// is 40 readable bytes (the size of a fuse_in_header, which the front end
+// insists on) starting with the node (0: not a write), a heavy flag, and
+// how long to take, in microseconds.
+type probe struct {
+	mu       sync.Mutex
+	inflight map[uint64]int // heavy writes in service per node
+	overlap  int            // heavy writes to one node served side by side
+	busy     int            // requests in service
+	maxBusy  int
+	served   atomic.Int64
+}
+
+// seen returns the overlap counts (under the lock: the rings carry no
+// happens-before the race detector can see).
+func (p *probe) seen() (overlap, maxBusy int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.overlap, p.maxBusy
+}
+
+type probeQueue struct{ p *probe }
+
+func (q probeQueue) read(in *bufvec.Vec) (node uint64, heavy bool, d time.Duration, ok bool) {
+	var b [16]byte
+	err := in.ReadFull(b[:])
+	in.Rewind()
+	if err != nil {
+		return 0, false, 0, false
+	}
+	return binary.LittleEndian.Uint64(b[0:]), b[8] != 0, time.Duration(binary.LittleEndian.Uint32(b[12:])) * time.Microsecond, true
+}
+
+func (q probeQueue) Classify(in *bufvec.Vec) (bool, uint64) {
+	node, heavy, _, ok := q.read(in)
+	if !ok || !heavy {
+		return false, 0
+	}
+	return true, node
+}
+
+func (q probeQueue) Serve(in, out *bufvec.Vec) uint32 {
+	node, heavy, d, ok := q.read(in)
+	if !ok {
+		return 0
+	}
+	p := q.p
+	p.mu.Lock()
+	p.busy++
+	p.maxBusy = max(p.maxBusy, p.busy)
+	if heavy && node != 0 {
+		p.inflight[node]++
+		if p.inflight[node] > 1 {
+			p.overlap++
+		}
+	}
+	p.mu.Unlock()
+	time.Sleep(d)
+	p.mu.Lock()
+	p.busy--
+	if heavy && node != 0 {
+		p.inflight[node]--
+	}
+	p.mu.Unlock()
+	p.served.Add(1)
+	var reply [16]byte
+	if out.WriteFull(reply[:]) != nil {
+		return 0
+	}
+	return uint32(len(reply))
+}
+
+// startProbe serves one connection with a probe handler and returns the
+// front end, with ring 1 ready for requests.
+func startProbe(t *testing.T, workers int) (*probe, *vmm.Device) {
+	t.Helper()
+	p := &probe{inflight: map[uint64]int{}}
+	b, err := NewBackend(Config{RequestQueues: 1, Tag: "probe", Workers: workers,
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Handler: HandlerFunc(func(int) RequestHandler { return probeQueue{p} })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "vhost.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() {
+		uc, err := l.AcceptUnix()
+		l.Close()
+		if err != nil {
+			served <- err
+			return
+		}
+		served <- b.Serve(uc)
+	}()
+	d, err := vmm.Start(sock, vmm.DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.Close()
+		select {
+		case <-served:
+		case <-time.After(10 * time.Second):
+			t.Error("back end still serving 10 s after the front end left")
+		}
+	})
+	return p, d
+}
+
+// submit publishes the requests on ring 1 in one batch and waits for all.
+func submit(t *testing.T, d *vmm.Device, reqs [][40]byte) {
+	t.Helper()
+	q := d.Queue(1)
+	calls := make([]*vmm.FuseCall, len(reqs))
+	for i := range reqs {
+		fc, err := q.AddFuse(vmm.FuseRequest{In: reqs[i][:], OutArgs: 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls[i] = fc
+	}
+	if _, err := q.Notify(); err != nil {
+		t.Fatal(err)
+	}
+	for i, fc := range calls {
+		if _, err := fc.Wait(10 * time.Second); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+}
+
+func request(node uint64, heavy bool, d time.Duration) (r [40]byte) {
+	binary.LittleEndian.PutUint64(r[0:], node)
+	if heavy {
+		r[8] = 1
+	}
+	binary.LittleEndian.PutUint32(r[12:], uint32(d/time.Microsecond))
+	return r
+}
+
+// TestServersSerializeWritesToOneNode: heavy writes to one node are served
+// one at a time however many servers the ring has, and all are served.
+func TestServersSerializeWritesToOneNode(t *testing.T) {
+	p, d := startProbe(t, 2)
+	var reqs [][40]byte
+	for range 48 {
+		reqs = append(reqs, request(7, true, time.Millisecond))
+	}
+	submit(t, d, reqs)
+	if overlap, _ := p.seen(); overlap != 0 {
+		t.Errorf("%d heavy writes to one node overlapped another", overlap)
+	}
+	if n := p.served.Load(); n != int64(len(reqs)) {
+		t.Errorf("served %d of %d", n, len(reqs))
+	}
+}
+
+// TestServersSpreadHeavyRequests: heavy requests to different nodes are
+// served side by side, never two to one node.
+func TestServersSpreadHeavyRequests(t *testing.T) {
+	p, d := startProbe(t, 2)
+	var reqs [][40]byte
+	for i := range 48 {
+		reqs = append(reqs, request(uint64(1+i%4), true, 2*time.Millisecond))
+	}
+	submit(t, d, reqs)
+	overlap, maxBusy := p.seen()
+	if overlap != 0 {
+		t.Errorf("%d heavy writes to one node overlapped another", overlap)
+	}
+	if maxBusy < 2 {
+		t.Errorf("at most %d request(s) in service at once, want 2 or more", maxBusy)
+	}
+	if maxBusy > 3 {
+		t.Errorf("%d requests in service at once on a ring with 1+2 servers", maxBusy)
+	}
+}
+
+// TestServersCheapInline: cheap requests never wake a second server, and
+// with no workers nothing runs side by side at all.
+func TestServersCheapInline(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		workers int
+		heavy   bool
+	}{
+		{"cheap", 2, false},
+		{"no-workers", 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, d := startProbe(t, tc.workers)
+			var reqs [][40]byte
+			for i := range 32 {
+				reqs = append(reqs, request(uint64(1+i%4), tc.heavy, 500*time.Microsecond))
+			}
+			submit(t, d, reqs)
+			if _, maxBusy := p.seen(); maxBusy != 1 {
+				t.Errorf("%d requests in service at once, want 1", maxBusy)
+			}
+		})
+	}
+}
