@@ -48,6 +48,15 @@ type slot struct {
 // already writing their file, beyond one slot per server.
 const deferSlots = 8
 
+// workers is how many servers the ring may have beyond its first. The hiprio
+// ring (0) carries only FORGET and INTERRUPT, never worth a second core.
+func (r *vring) workers() int {
+	if r.index == 0 {
+		return 0
+	}
+	return r.b.cfg.Workers
+}
+
 // ringSlots is the number of slots a ring with the given worker cap needs.
 func ringSlots(workers int) int {
 	if workers == 0 {
@@ -131,10 +140,7 @@ func startRunner(r *vring, q *virtqueue.Queue, kickFD int, slots []*slot) *runne
 	if rn.stats != nil {
 		rn.stats.active.Store(true)
 	}
-	n := 1
-	if r.b.cfg.Workers > 0 {
-		n += r.b.cfg.Workers
-	}
+	n := 1 + r.workers()
 	rn.servers = make([]*server, n)
 	rn.idle = make([]*server, 0, n)
 	for i := range rn.servers {
@@ -431,6 +437,17 @@ func (s *server) watchLocked(noMemory bool) {
 	rn := s.rn
 	if !noMemory && rn.q.EnableNotify() {
 		return // raced with the guest: more chains arrived
+	}
+	// An idle ring must not pin a memory table the front end replaced
+	// (an unplugged region would stay mapped): the next pop takes the
+	// current one again.
+	if s.mem != nil {
+		s.mem.Put()
+		s.mem = nil
+	}
+	if rn.mem != nil {
+		rn.mem.Put()
+		rn.mem = nil
 	}
 	rn.polling = true
 	rn.mu.Unlock()

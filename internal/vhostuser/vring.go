@@ -78,8 +78,8 @@ func (r *vring) start() error {
 	}
 	q.SetCall(r.callFD)
 	r.queue = q
-	if len(r.slots) != ringSlots(r.b.cfg.Workers) || r.slots[0].chain.Cap() != int(r.num) {
-		r.slots = r.newSlots(ringSlots(r.b.cfg.Workers))
+	if len(r.slots) != ringSlots(r.workers()) || r.slots[0].chain.Cap() != int(r.num) {
+		r.slots = r.newSlots(ringSlots(r.workers()))
 	}
 	r.b.log.Debug("ring started", "queue", r.index, "size", r.num, "base", r.base,
 		"event_idx", r.b.acked&featEventIdx != 0, "indirect", r.b.acked&featIndirectDesc != 0)
