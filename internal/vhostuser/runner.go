@@ -115,6 +115,8 @@ type runner struct {
 	backoff int
 	skip    int
 	live    int                    // server goroutines started and not yet exited
+	awake   int                    // servers started and neither parked nor exited
+	extras  int                    // worker budget units held: at most awake-1
 	mem     *virtqueue.GuestMemory // table for the chains the last Snapshot saw (referenced)
 }
 
@@ -123,7 +125,7 @@ type server struct {
 	rn      *runner
 	wake    chan struct{}
 	started bool
-	extra   bool                   // holds a unit of the back end's worker budget
+	woken   bool                   // woken for a heavy request (spreadLocked)
 	served  bool                   // served a request since it was last woken
 	mem     *virtqueue.GuestMemory // reference covering the chains this server pops
 	node    uint64                 // node of the heavy WRITE being served; 0 for none (mu)
@@ -205,6 +207,7 @@ func (rn *runner) endLocked() {
 	}
 	for _, s := range rn.idle {
 		if s.started {
+			rn.awake++ // it wakes to exit
 			s.wake <- struct{}{}
 		}
 	}
@@ -215,6 +218,7 @@ func (rn *runner) endLocked() {
 func (rn *runner) startLocked(s *server) {
 	s.started = true
 	rn.live++
+	rn.awake++
 	go s.run()
 }
 
@@ -226,6 +230,7 @@ func (rn *runner) wakeLocked() *server {
 	if !s.started {
 		rn.startLocked(s)
 	} else {
+		rn.awake++
 		s.wake <- struct{}{} // buffered: a parked server reads it once
 	}
 	return s
@@ -248,7 +253,8 @@ func (rn *runner) spreadLocked() {
 	if !rn.r.b.takeWorker() {
 		return
 	}
-	rn.wakeLocked().extra = true
+	rn.extras++
+	rn.wakeLocked().woken = true
 }
 
 // onFault turns a fault on guest memory (the front end shrank the file
@@ -321,15 +327,19 @@ func (s *server) run() {
 }
 
 // leaveLocked drops what a server holds while it does not serve: its memory
-// reference and its unit of the worker budget.
+// reference and, if the ring is left with fewer servers awake than budget
+// units held, a unit of the worker budget. Units belong to the ring, not to
+// a server: the first server woken may be the one that stays awake.
 func (s *server) leaveLocked() {
+	rn := s.rn
 	if s.mem != nil {
 		s.mem.Put()
 		s.mem = nil
 	}
-	if s.extra {
-		s.rn.r.b.putWorker()
-		s.extra = false
+	rn.awake--
+	for rn.extras > max(rn.awake-1, 0) {
+		rn.r.b.putWorker()
+		rn.extras--
 	}
 }
 
@@ -414,7 +424,7 @@ const maxBackoff = 63
 // meanwhile.
 func (s *server) parkLocked() {
 	rn := s.rn
-	if s.extra {
+	if s.woken {
 		if s.served {
 			rn.backoff = 0
 		} else {
@@ -422,7 +432,7 @@ func (s *server) parkLocked() {
 			rn.skip = rn.backoff
 		}
 	}
-	s.served = false
+	s.served, s.woken = false, false
 	s.leaveLocked()
 	rn.idle = append(rn.idle, s)
 	rn.mu.Unlock()
