@@ -66,6 +66,7 @@ func benchWorkloads() []benchWorkload {
 // benchRun is one configuration's daemon and guest.
 type benchRun struct {
 	cfg    benchConfig
+	boot   func() // starts the daemon and the guest
 	d      *daemon
 	v      *vm
 	dir    string
@@ -193,17 +194,21 @@ func TestBenchGuest(t *testing.T) {
 		}
 		t.Cleanup(func() { os.RemoveAll(sockDir) })
 		sock := filepath.Join(sockDir, "vhost.sock")
-		r.d = startDaemon(t, c.kind, sock, share, filepath.Join(r.dir, "daemon.log"), c.extra...)
-		r.v = startVM(t, r.dir, vmConfig{
-			Kernel: k, Sock: sock, Script: "bench", Timeout: total,
-			DeviceOpts: []string{"num-request-queues=" + strconv.Itoa(c.queues)},
-			Append: []string{"e2e.benchsize=" + size, "e2e.benchruntime=" + strconv.Itoa(runtime),
-				"e2e.asktimeout=" + strconv.Itoa(int(total.Seconds()))},
-		})
+		r.boot = func() {
+			os.Remove(sock) // left by a daemon killed with its crashed guest
+			r.d = startDaemon(t, c.kind, sock, share, filepath.Join(r.dir, "daemon.log"), c.extra...)
+			r.v = startVM(t, r.dir, vmConfig{
+				Kernel: k, Sock: sock, Script: "bench", Timeout: total,
+				DeviceOpts: []string{"num-request-queues=" + strconv.Itoa(c.queues)},
+				Append: []string{"e2e.benchsize=" + size, "e2e.benchruntime=" + strconv.Itoa(runtime),
+					"e2e.asktimeout=" + strconv.Itoa(int(total.Seconds()))},
+			})
+		}
+		r.boot()
 		runs[i] = r
 	}
 	for _, r := range runs {
-		r.next(3 * time.Minute)
+		r.ready(t, 3*time.Minute)
 	}
 	t.Logf("%d guests (%s) ready after %.1fs; logs in %s", len(runs), k.Version, time.Since(start).Seconds(), root)
 
@@ -297,6 +302,41 @@ func parseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("size %q: want N[kmg]", s)
 	}
 	return n * mult, nil
+}
+
+// reBootCrash matches a guest kernel that died on its own (TCG now and
+// then trips over an int3 while patching static keys at boot).
+var reBootCrash = regexp.MustCompile(`Kernel panic|Oops: `)
+
+// ready waits for the guest's first E2E-ASK. A guest whose kernel crashed
+// before it (nothing the daemon did: no workload has run) is booted again,
+// once, with a fresh daemon.
+func (r *benchRun) ready(t *testing.T, timeout time.Duration) bool {
+	for try := 0; ; try++ {
+		deadline := time.Now().Add(timeout)
+		for r.v.running() && countMatches(r.v.consoleLines(), reAsk) == 0 && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if try > 0 || countMatches(r.v.consoleLines(), reAsk) > 0 || !matchAny(r.v.consoleLines(), reBootCrash) {
+			return r.next(time.Until(deadline))
+		}
+		t.Logf("%s: guest kernel crashed while booting; booting it again\n%s", r.cfg.name, lastLines(r.v.consoleLines(), 8))
+		r.v.kill()
+		r.d.kill()
+		if err := os.Rename(filepath.Join(r.dir, "console.log"), filepath.Join(r.dir, "console-crashed.log")); err != nil {
+			t.Logf("%s: keep the crashed console: %v", r.cfg.name, err)
+		}
+		r.boot()
+	}
+}
+
+func matchAny(lines []string, re *regexp.Regexp) bool {
+	for _, l := range lines {
+		if re.MatchString(l) {
+			return true
+		}
+	}
+	return false
 }
 
 // next waits for the guest's next E2E-ASK (it finished the previous
