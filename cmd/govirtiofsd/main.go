@@ -14,7 +14,6 @@ import (
 	"os/signal"
 	"os/user"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -219,7 +218,7 @@ func run(o *Options, stdout io.Writer) error {
 
 	workers := o.ThreadPoolSize
 	if workers < 0 {
-		workers = runtime.NumCPU()
+		workers = vhostuser.DefaultWorkers()
 	}
 	fsys, err := newFileSystem(o, in)
 	if err != nil {

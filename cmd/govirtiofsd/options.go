@@ -325,7 +325,7 @@ var optionTable = []option{
 		set: setBool(func(o *Options) *bool { return &o.PreserveNoatime })},
 	{long: "rlimit-nofile", kind: optInt, usage: "set RLIMIT_NOFILE to N (0: leave it; default: raise to min(1000000, fs.nr_open))",
 		set: setUint(func(o *Options) *int { return &o.RlimitNofile })},
-	{long: "thread-pool-size", oKey: "thread_pool_size", kind: optInt, usage: "most extra ring servers awake at once, beyond one per ring (0: one server per ring; default: number of CPUs)",
+	{long: "thread-pool-size", oKey: "thread_pool_size", kind: optInt, usage: "most extra ring servers awake at once, beyond one per ring (0: one server per ring; default: CPUs minus one, at least 1)",
 		set: setUint(func(o *Options) *int { return &o.ThreadPoolSize })},
 	{long: "metrics-addr", kind: optString, usage: "serve Prometheus metrics on HOST:PORT or unix:PATH (off by default)",
 		set: setString(func(o *Options) *string { return &o.MetricsAddr })},

@@ -47,7 +47,7 @@ func benchPipeline(b *testing.B, w Workload) {
 	}
 	srv := fuse.NewServer(fsys, fuse.ServerOptions{}, log)
 	backend, err := vhostuser.NewBackend(vhostuser.Config{RequestQueues: 1, Tag: "bench", Logger: log,
-		Workers: runtime.NumCPU(),
+		Workers: vhostuser.DefaultWorkers(),
 		Handler: vhostuser.HandlerFunc(func(i int) vhostuser.RequestHandler { return srv.Queue(i) })})
 	if err != nil {
 		b.Fatal(err)
