@@ -267,17 +267,8 @@ func run(o *Options, stdout io.Writer) error {
 	}
 
 	log.Info("waiting for vhost-user connection", "socket", o.SocketPath, "fd", o.FD, "shared_dir", o.SharedDir)
-	c, err := ln.AcceptUnix()
-	if err != nil {
-		return fmt.Errorf("accept: %w", err)
-	}
-	// One front end per daemon, as with the C and Rust daemons: stop
-	// listening once it is connected (the first process removes the
-	// socket when the daemon is gone).
-	ln.Close()
-	log.Info("front end connected")
-	defer c.Close()
-	if err := backend.Serve(c); err != nil {
+	// The first process removes the socket when the daemon is gone.
+	if err := backend.ServeFirst(ln); err != nil {
 		return fmt.Errorf("vhost-user: %w", err)
 	}
 	return nil

@@ -156,6 +156,19 @@ func NewBackend(cfg Config) (*Backend, error) {
 // Backend returns the channel for back-end-initiated requests.
 func (b *Backend) Channel() *BackendChannel { return &b.backend }
 
+// ServeFirst accepts one front end on ln, stops listening (one front end per
+// daemon, as with the C and Rust daemons) and serves it with Serve.
+func (b *Backend) ServeFirst(ln *net.UnixListener) error {
+	c, err := ln.AcceptUnix()
+	if err != nil {
+		return fmt.Errorf("accept: %w", err)
+	}
+	ln.Close()
+	b.log.Info("front end connected")
+	defer c.Close()
+	return b.Serve(c)
+}
+
 // Serve runs the message loop on c until the front end disconnects. It
 // returns nil on a clean disconnect and an error when the stream broke; in
 // both cases every ring is stopped and all memory released.

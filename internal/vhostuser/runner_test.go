@@ -112,15 +112,7 @@ func startProbe(t *testing.T, workers int) (*probe, *vmm.Device) {
 		t.Fatal(err)
 	}
 	served := make(chan error, 1)
-	go func() {
-		uc, err := l.AcceptUnix()
-		l.Close()
-		if err != nil {
-			served <- err
-			return
-		}
-		served <- b.Serve(uc)
-	}()
+	go func() { served <- b.ServeFirst(l) }()
 	d, err := vmm.Start(sock, vmm.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)

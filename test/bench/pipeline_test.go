@@ -58,15 +58,7 @@ func benchPipeline(b *testing.B, w Workload) {
 		b.Fatal(err)
 	}
 	served := make(chan error, 1)
-	go func() {
-		uc, err := l.AcceptUnix()
-		l.Close()
-		if err != nil {
-			served <- err
-			return
-		}
-		served <- backend.Serve(uc)
-	}()
+	go func() { served <- backend.ServeFirst(l) }()
 	t, err := Connect(sock, TargetOptions(1, o.QueueSize, bufMiB(o.Depth, max(w.Size, 4096))), o.files(), o.FileSize)
 	if err != nil {
 		b.Fatal(err)
