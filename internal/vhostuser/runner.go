@@ -75,13 +75,18 @@ func (r *vring) newSlots(n int) []*slot {
 	return slots
 }
 
+// putMem drops the table reference *m holds, if any.
+func putMem(m **virtqueue.GuestMemory) {
+	if *m != nil {
+		(*m).Put()
+		*m = nil
+	}
+}
+
 // release drops the chain's segments and the slot's own memory reference.
 func (s *slot) release() {
 	s.chain.Release()
-	if s.mem != nil {
-		s.mem.Put()
-		s.mem = nil
-	}
+	putMem(&s.mem)
 }
 
 // runner serves one started, enabled ring with up to 1 + Config.Workers
@@ -190,10 +195,7 @@ func (rn *runner) stop() {
 	if err := rn.q.Notify(); err != nil {
 		rn.r.log().Warn("notify guest", "err", err)
 	}
-	if rn.mem != nil {
-		rn.mem.Put()
-		rn.mem = nil
-	}
+	putMem(&rn.mem)
 	if rn.kick != nil {
 		rn.kick.Close()
 	}
@@ -332,10 +334,7 @@ func (s *server) run() {
 // a server: the first server woken may be the one that stays awake.
 func (s *server) leaveLocked() {
 	rn := s.rn
-	if s.mem != nil {
-		s.mem.Put()
-		s.mem = nil
-	}
+	putMem(&s.mem)
 	rn.awake--
 	for rn.extras > max(rn.awake-1, 0) {
 		rn.r.b.putWorker()
@@ -451,14 +450,8 @@ func (s *server) watchLocked(noMemory bool) {
 	// An idle ring must not pin a memory table the front end replaced
 	// (an unplugged region would stay mapped): the next pop takes the
 	// current one again.
-	if s.mem != nil {
-		s.mem.Put()
-		s.mem = nil
-	}
-	if rn.mem != nil {
-		rn.mem.Put()
-		rn.mem = nil
-	}
+	putMem(&s.mem)
+	putMem(&rn.mem)
 	rn.polling = true
 	rn.mu.Unlock()
 	if err := rn.q.Notify(); err != nil {
@@ -512,9 +505,7 @@ func (rn *runner) popLocked(s *server) (*slot, popState) {
 			return nil, popEmpty
 		}
 		if cur := rn.r.b.memory.Current(); cur != rn.mem {
-			if rn.mem != nil {
-				rn.mem.Put()
-			}
+			putMem(&rn.mem)
 			rn.mem = rn.r.b.memory.Acquire()
 		}
 	}
@@ -525,9 +516,7 @@ func (rn *runner) popLocked(s *server) (*slot, popState) {
 		return nil, popNoSlot
 	}
 	if s.mem != rn.mem {
-		if s.mem != nil {
-			s.mem.Put()
-		}
+		putMem(&s.mem)
 		rn.mem.TryGet() // cannot fail: the runner holds a reference
 		s.mem = rn.mem
 	}
