@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"os"
@@ -155,21 +154,24 @@ func statFields(b []byte) []string {
 	return strings.Fields(string(b[i+1:]))
 }
 
-// Mem is a daemon's memory, summed over its processes, in KiB.
-type Mem struct{ RssAnon, RssShmem, RssFile, Procs, Threads int }
+// Mem is memory summed over processes, in KiB.
+type Mem struct{ RssAnon, RssShmem, RssFile, VmRSS, Procs, Threads int }
 
-// Memory reads RssAnon, RssShmem and RssFile of every process.
-func (d *Daemon) Memory() Mem {
+// Memory reads the memory of every process of the daemon.
+func (d *Daemon) Memory() Mem { return ProcessMemory(d.Pids()) }
+
+// ProcessMemory sums /proc/PID/status over pids; a process that has just
+// exited is skipped.
+func ProcessMemory(pids []int) Mem {
 	var m Mem
-	for _, pid := range d.Pids() {
-		f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	for _, pid := range pids {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 		if err != nil {
 			continue
 		}
 		m.Procs++
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			k, v, ok := strings.Cut(sc.Text(), ":")
+		for _, line := range strings.Split(string(data), "\n") {
+			k, v, ok := strings.Cut(line, ":")
 			if !ok {
 				continue
 			}
@@ -181,11 +183,12 @@ func (d *Daemon) Memory() Mem {
 				m.RssShmem += n
 			case "RssFile":
 				m.RssFile += n
+			case "VmRSS":
+				m.VmRSS += n
 			case "Threads":
 				m.Threads += n
 			}
 		}
-		f.Close()
 	}
 	return m
 }

@@ -317,7 +317,7 @@ func (r *benchRun) ready(t *testing.T, timeout time.Duration) bool {
 		for r.v.running() && countMatches(r.v.consoleLines(), reAsk) == 0 && time.Now().Before(deadline) {
 			time.Sleep(50 * time.Millisecond)
 		}
-		if try > 0 || countMatches(r.v.consoleLines(), reAsk) > 0 || !matchAny(r.v.consoleLines(), reBootCrash) {
+		if try > 0 || countMatches(r.v.consoleLines(), reAsk) > 0 || countMatches(r.v.consoleLines(), reBootCrash) == 0 {
 			return r.next(time.Until(deadline))
 		}
 		t.Logf("%s: guest kernel crashed while booting; booting it again\n%s", r.cfg.name, lastLines(r.v.consoleLines(), 8))
@@ -328,15 +328,6 @@ func (r *benchRun) ready(t *testing.T, timeout time.Duration) bool {
 		}
 		r.boot()
 	}
-}
-
-func matchAny(lines []string, re *regexp.Regexp) bool {
-	for _, l := range lines {
-		if re.MatchString(l) {
-			return true
-		}
-	}
-	return false
 }
 
 // next waits for the guest's next E2E-ASK (it finished the previous

@@ -222,36 +222,18 @@ func soakTable(samples []soakSample, from, to time.Duration) (table string, fail
 // ---------------------------------------------------------------------------
 // Sampling the daemon
 
-// sampleProcs adds up the status and fd counts of the given processes
-// (one that has just exited is skipped).
+// sampleProcs adds up the memory, thread and fd counts of the given
+// processes (one that has just exited is skipped).
 func sampleProcs(s *soakSample, pids []int) {
+	m := bench.ProcessMemory(pids)
+	s.Procs += m.Procs
+	s.RssAnon += int64(m.RssAnon)
+	s.VmRSS += int64(m.VmRSS)
+	s.RssShmem += int64(m.RssShmem)
+	s.Threads += int64(m.Threads)
 	for _, pid := range pids {
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-		if err != nil {
-			continue
-		}
-		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-		if err != nil {
-			continue
-		}
-		s.Procs++
-		s.FDs += int64(len(fds))
-		for _, line := range strings.Split(string(data), "\n") {
-			k, v, ok := strings.Cut(line, ":")
-			if !ok {
-				continue
-			}
-			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			switch k {
-			case "RssAnon":
-				s.RssAnon += n
-			case "VmRSS":
-				s.VmRSS += n
-			case "RssShmem":
-				s.RssShmem += n
-			case "Threads":
-				s.Threads += n
-			}
+		if fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid)); err == nil {
+			s.FDs += int64(len(fds))
 		}
 	}
 }

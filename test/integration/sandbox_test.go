@@ -231,6 +231,21 @@ func auditLines(pid int) (lines []string, ok bool) {
 	return lines, true
 }
 
+// hasRecord reports whether one of the audit lines holds every string in
+// want.
+func hasRecord(lines []string, want ...string) bool {
+	for _, l := range lines {
+		all := true
+		for _, w := range want {
+			all = all && strings.Contains(l, w)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
+}
+
 // TestSandboxSeccomp has the daemon call sysinfo(2), which is not on the
 // allowlist, right after loading the filter (the sandboxtest build's hook):
 // --seccomp kill kills it (and the supervisor reports it); trap crashes it
@@ -265,11 +280,7 @@ func TestSandboxSeccomp(t *testing.T) {
 			t.Logf("kernel log unreadable here: the exit status and the report are the proof")
 			return
 		}
-		found := false
-		for _, l := range lines {
-			found = found || (strings.Contains(l, " sig=31 ") && strings.Contains(l, " syscall="+strconv.Itoa(sysinfo)+" "))
-		}
-		if !found {
+		if !hasRecord(lines, " sig=31 ", " syscall="+strconv.Itoa(sysinfo)+" ") {
 			t.Errorf("no seccomp audit record of the kill (sig=31 syscall=%d) for pid %d; records: %q", sysinfo, pid, lines)
 		}
 	})
@@ -315,13 +326,7 @@ func TestSandboxSeccomp(t *testing.T) {
 			t.Logf("kernel log unreadable here: the daemon surviving the call is the proof")
 			return
 		}
-		found := false
-		for _, l := range lines {
-			if strings.Contains(l, "syscall="+strconv.Itoa(sysinfo)+" ") {
-				found = true
-			}
-		}
-		if !found {
+		if !hasRecord(lines, "syscall="+strconv.Itoa(sysinfo)+" ") {
 			t.Errorf("no seccomp audit record of sysinfo for pid %d; records: %q", pid, lines)
 		}
 	})
