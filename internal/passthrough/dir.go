@@ -194,7 +194,7 @@ func (f *FS) newHandle(i *inode, fd int, kind handleKind, flags int) (*handle, s
 	if kind == handleDir {
 		h.dir = &dirStream{}
 	} else {
-		h.wait = fileWait(fd)
+		h.wait = i.fileWait(fd)
 	}
 	h.refs.Store(1)
 	f.handleFDs.Add(1)

@@ -110,7 +110,7 @@ func (f *FS) Create(in *gofuse.CreateIn, name []byte, out *gofuse.CreateOut) sys
 	if errno != 0 {
 		return errno
 	}
-	return f.finishCreate(fd, fl, dir.key.mntID, out)
+	return f.finishCreate(fd, fl, dir, out)
 }
 
 // createOpenExisting handles CREATE of a name that exists: look it up, then
@@ -162,7 +162,7 @@ func (f *FS) createOpenExisting(dir iref, name []byte, fl int, openFlags uint32,
 // finishCreate turns a freshly created open fd into an inode (through an
 // O_PATH reopen of the very same file, so a concurrent rename cannot swap
 // in another object) plus a handle.
-func (f *FS) finishCreate(fd int, fl int, parentMnt uint64, out *gofuse.CreateOut) syscall.Errno {
+func (f *FS) finishCreate(fd int, fl int, dir iref, out *gofuse.CreateOut) syscall.Errno {
 	var b fdName
 	pfd, errno := sysOpenat(f.procSelfFD, procName(&b, fd), unix.O_PATH|unix.O_CLOEXEC, 0)
 	if errno != 0 {
@@ -170,7 +170,7 @@ func (f *FS) finishCreate(fd int, fl int, parentMnt uint64, out *gofuse.CreateOu
 		return errno
 	}
 	f.inodeFDs.Add(1)
-	if errno = f.internFD(pfd, parentMnt, &out.EntryOut); errno != 0 {
+	if errno = f.internFD(pfd, dir.key.mntID, &out.EntryOut); errno != 0 {
 		sysClose(fd)
 		return errno
 	}
@@ -179,6 +179,9 @@ func (f *FS) finishCreate(fd int, fl int, parentMnt uint64, out *gofuse.CreateOu
 		sysClose(fd)
 		return syscall.ENOENT
 	}
+	// A file created in dir (O_EXCL or O_TMPFILE: never a mount point)
+	// lives on dir's file system.
+	i.inheritWait(dir.inode, dir.fd)
 	h, errno := f.newHandle(i, fd, handleFile, fl)
 	if errno != 0 {
 		f.forget(i, 1)
@@ -212,7 +215,7 @@ func (f *FS) Tmpfile(in *gofuse.CreateIn, out *gofuse.CreateOut) syscall.Errno {
 	if errno != 0 {
 		return errno
 	}
-	return f.finishCreate(fd, fl, dir.key.mntID, out)
+	return f.finishCreate(fd, fl, dir, out)
 }
 
 func (f *FS) fileHandle(fh, node uint64) (*handle, syscall.Errno) {

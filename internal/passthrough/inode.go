@@ -50,6 +50,9 @@ type inode struct {
 	fd    int         // O_PATH|O_NOFOLLOW, or -1 when held as a file handle
 	fh    *fileHandle // file handle mode only
 	ftype uint32      // S_IFMT bits; an object's type never changes
+	// wait caches fileWait for the object's file system, which never
+	// changes either.
+	wait atomic.Uint32
 
 	refs atomic.Int64
 
@@ -67,6 +70,42 @@ type inode struct {
 
 func (i *inode) tableID() uint64      { return i.id }
 func (i *inode) setTableID(id uint64) { i.id = id }
+
+// inode.wait values.
+const (
+	waitUnknown uint32 = iota
+	waitBounded
+	waitMayWait
+)
+
+// fileWait says how I/O on the object is issued (see the function
+// fileWait); fd is any fd of it, consulted only until the answer is known.
+func (i *inode) fileWait(fd int) bufvec.Wait {
+	switch i.wait.Load() {
+	case waitBounded:
+		return bufvec.Bounded
+	case waitMayWait:
+		return bufvec.MayWait
+	}
+	w, ok := fileWait(fd)
+	switch {
+	case !ok: // ask again next time
+	case w == bufvec.Bounded:
+		i.wait.Store(waitBounded)
+	default:
+		i.wait.Store(waitMayWait)
+	}
+	return w
+}
+
+// inheritWait gives i, an object just created in directory dir (dirFD is
+// an fd of dir), dir's answer: one fstatfs per directory, not per file.
+func (i *inode) inheritWait(dir *inode, dirFD int) {
+	if i.wait.Load() == waitUnknown {
+		dir.fileWait(dirFD)
+		i.wait.CompareAndSwap(waitUnknown, dir.wait.Load())
+	}
+}
 
 func (i *inode) isDir() bool     { return i.ftype == unix.S_IFDIR }
 func (i *inode) isReg() bool     { return i.ftype == unix.S_IFREG }

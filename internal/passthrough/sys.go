@@ -293,17 +293,18 @@ func toErrno(err error) syscall.Errno {
 // (bufvec.Bounded) on file systems whose I/O completes on this machine
 // (statfs f_type, linux/magic.h); told to the scheduler (bufvec.MayWait)
 // on anything else (NFS, CIFS, FUSE, Ceph, 9p, and whatever is not listed),
-// which may wait on a peer for any time.
-func fileWait(fd int) bufvec.Wait {
+// which may wait on a peer for any time. ok is false when fstatfs failed
+// (the answer is then MayWait, the safe one).
+func fileWait(fd int) (w bufvec.Wait, ok bool) {
 	var st unix.Statfs_t
 	if err := unix.Fstatfs(fd, &st); err != nil {
-		return bufvec.MayWait
+		return bufvec.MayWait, false
 	}
 	switch uint32(st.Type) {
 	case unix.TMPFS_MAGIC, unix.RAMFS_MAGIC, unix.EXT4_SUPER_MAGIC, unix.XFS_SUPER_MAGIC,
 		unix.BTRFS_SUPER_MAGIC, unix.F2FS_SUPER_MAGIC,
 		unix.OVERLAYFS_SUPER_MAGIC: // over local layers, as container images are
-		return bufvec.Bounded
+		return bufvec.Bounded, true
 	}
-	return bufvec.MayWait
+	return bufvec.MayWait, true
 }
