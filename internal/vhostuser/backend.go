@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -97,6 +98,11 @@ type Config struct {
 	// serves every request on its ring's single server. A ring wakes an
 	// extra server only when its handler classifies a request as heavy.
 	Workers int
+	// CPUs is how many servers may serve at once, across all rings,
+	// before an extra server is no longer woken: beyond that, servers only
+	// take turns on the CPUs. 0 means GOMAXPROCS. It never stops a ring's
+	// own server.
+	CPUs int
 	// Metrics keeps per-ring counters for WriteMetrics.
 	Metrics bool
 }
@@ -120,6 +126,7 @@ type Backend struct {
 	rings       [MaxRings]*vring
 	backend     BackendChannel
 	busyWorkers atomic.Int32
+	serving     atomic.Int32         // servers holding a request, all rings (server.serving)
 	stats       *[MaxRings]ringStats // nil with Config.Metrics off
 }
 
@@ -133,6 +140,9 @@ func NewBackend(cfg Config) (*Backend, error) {
 	}
 	if cfg.Workers < 0 || cfg.Workers > 1024 {
 		return nil, fmt.Errorf("vhostuser: %d workers, want 0..1024", cfg.Workers)
+	}
+	if cfg.CPUs <= 0 {
+		cfg.CPUs = runtime.GOMAXPROCS(0)
 	}
 	if len(cfg.Tag) > 36 {
 		return nil, fmt.Errorf("vhostuser: tag %q longer than 36 bytes", cfg.Tag)

@@ -132,6 +132,7 @@ type server struct {
 	started bool
 	woken   bool                   // woken for a heavy request (spreadLocked)
 	served  bool                   // served a request since it was last woken
+	serving bool                   // counted in Backend.serving: holds a request, not asleep
 	mem     *virtqueue.GuestMemory // reference covering the chains this server pops
 	node    uint64                 // node of the heavy WRITE being served; 0 for none (mu)
 	backlog []*slot                // writes to node deferred to this server, oldest first (mu)
@@ -239,8 +240,9 @@ func (rn *runner) wakeLocked() *server {
 }
 
 // spreadLocked is the per-request choice: after a heavy request is popped,
-// wake another server if one is parked, a slot is free, and either more
-// chains wait or no one would watch the ring while this request is served.
+// wake another server if one is parked, a slot is free, either more chains
+// wait or no one would watch the ring while this request is served, fewer
+// servers serve (all rings) than Config.CPUs, and the worker budget allows.
 func (rn *runner) spreadLocked() {
 	if len(rn.idle) == 0 || len(rn.free) == 0 || rn.stopping.Load() {
 		return
@@ -252,7 +254,7 @@ func (rn *runner) spreadLocked() {
 		rn.skip--
 		return
 	}
-	if !rn.r.b.takeWorker() {
+	if b := rn.r.b; b.serving.Load() >= int32(b.cfg.CPUs) || !b.takeWorker() {
 		return
 	}
 	rn.extras++
@@ -338,6 +340,7 @@ func (s *server) run() {
 // a server: the first server woken may be the one that stays awake.
 func (s *server) leaveLocked() {
 	rn := s.rn
+	s.setServing(false)
 	putMem(&s.mem)
 	rn.awake--
 	for rn.extras > max(rn.awake-1, 0) {
@@ -363,11 +366,19 @@ func (s *server) next(done *slot) *slot {
 			n := copy(s.backlog, s.backlog[1:])
 			s.backlog = s.backlog[:n]
 			s.served = true
+			s.setServing(true)
 			return sl
 		}
 		s.node = 0
 		if rn.stopping.Load() {
 			return nil
+		}
+		if rn.awake > 1 && rn.r.b.overCPUs() {
+			// Rings that became busy since this server was woken
+			// already fill the CPUs; another server of this ring is
+			// awake to go on.
+			s.parkLocked()
+			continue
 		}
 		sl, st := rn.popLocked(s)
 		switch st {
@@ -386,6 +397,7 @@ func (s *server) next(done *slot) *slot {
 				}
 				s.node = node
 			}
+			s.setServing(true) // before spreadLocked counts the servers serving
 			if heavy {
 				rn.spreadLocked()
 			}
@@ -405,6 +417,22 @@ func (s *server) next(done *slot) *slot {
 		// Nothing this server can take: another watches the ring, or every
 		// slot is held by a server that will come back for more.
 		s.parkLocked()
+	}
+}
+
+// setServing moves s into or out of the back end's count of servers
+// holding a request, which bounds the extra servers woken (Config.CPUs).
+// It costs an atomic add only when a server starts or stops serving, not
+// per request.
+func (s *server) setServing(on bool) {
+	if s.serving == on || s.rn.r.index == 0 {
+		return // the hiprio ring's FORGETs are too brief to count
+	}
+	s.serving = on
+	if on {
+		s.rn.r.b.serving.Add(1)
+	} else {
+		s.rn.r.b.serving.Add(-1)
 	}
 }
 
@@ -456,6 +484,7 @@ func (s *server) watchLocked(noMemory bool) {
 	// An idle ring must not pin a memory table the front end replaced
 	// (an unplugged region would stay mapped): the next pop takes the
 	// current one again.
+	s.setServing(false)
 	putMem(&s.mem)
 	putMem(&rn.mem)
 	rn.polling = true
@@ -600,3 +629,6 @@ func (b *Backend) takeWorker() bool {
 }
 
 func (b *Backend) putWorker() { b.busyWorkers.Add(-1) }
+
+// overCPUs reports whether more servers serve than Config.CPUs.
+func (b *Backend) overCPUs() bool { return b.serving.Load() > int32(b.cfg.CPUs) }

@@ -98,9 +98,16 @@ func (q probeQueue) Serve(in, out *bufvec.Vec) uint32 {
 // startProbe serves one connection with a probe handler and returns the
 // front end, with ring 1 ready for requests.
 func startProbe(t *testing.T, workers int) (*probe, *vmm.Device) {
+	// CPUs fixed, so the test machine's count does not cap the servers.
+	return startProbeRings(t, 1, workers, 8)
+}
+
+// startProbeRings is startProbe with rings request rings and the given
+// Config.CPUs.
+func startProbeRings(t *testing.T, rings, workers, cpus int) (*probe, *vmm.Device) {
 	t.Helper()
 	p := &probe{inflight: map[uint64]int{}}
-	b, err := NewBackend(Config{RequestQueues: 1, Tag: "probe", Workers: workers,
+	b, err := NewBackend(Config{RequestQueues: rings, Tag: "probe", Workers: workers, CPUs: cpus,
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Handler: HandlerFunc(func(int) RequestHandler { return probeQueue{p} })})
 	if err != nil {
@@ -113,7 +120,9 @@ func startProbe(t *testing.T, workers int) (*probe, *vmm.Device) {
 	}
 	served := make(chan error, 1)
 	go func() { served <- b.ServeFirst(l) }()
-	d, err := vmm.Start(sock, vmm.DefaultOptions())
+	opts := vmm.DefaultOptions()
+	opts.Queues = 1 + rings
+	d, err := vmm.Start(sock, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +140,12 @@ func startProbe(t *testing.T, workers int) (*probe, *vmm.Device) {
 // submit publishes the requests on ring 1 in one batch and waits for all.
 func submit(t *testing.T, d *vmm.Device, reqs [][40]byte) {
 	t.Helper()
-	q := d.Queue(1)
+	submitOn(t, d, 1, reqs)
+}
+
+func submitOn(t *testing.T, d *vmm.Device, ring int, reqs [][40]byte) {
+	t.Helper()
+	q := d.Queue(ring)
 	calls := make([]*vmm.FuseCall, len(reqs))
 	for i := range reqs {
 		fc, err := q.AddFuse(vmm.FuseRequest{In: reqs[i][:], OutArgs: 0})
@@ -228,6 +242,52 @@ func TestServersCheapInline(t *testing.T) {
 			submit(t, d, reqs)
 			if _, maxBusy := p.seen(); maxBusy != 1 {
 				t.Errorf("%d requests in service at once, want 1", maxBusy)
+			}
+		})
+	}
+}
+
+// TestServersBoundedByCPUs: while as many servers serve as there are CPUs
+// (here ring 2's own server, busy with cheap requests, and ring 1's), a
+// heavy request on ring 1 wakes no extra server: it would only take turns
+// with the others on the CPUs. A ring's own server always serves, even
+// beyond the CPUs.
+func TestServersBoundedByCPUs(t *testing.T) {
+	for _, tc := range []struct {
+		cpus, wantMax int
+	}{
+		{2, 2},
+		{1, 2},
+		{3, 3}, // the control: room for an extra server
+	} {
+		t.Run(fmt.Sprintf("cpus=%d", tc.cpus), func(t *testing.T) {
+			p, d := startProbeRings(t, 2, 2, tc.cpus)
+			var busy [][40]byte
+			for range 8 {
+				busy = append(busy, request(0, false, 10*time.Millisecond))
+			}
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				submitOn(t, d, 2, busy)
+			}()
+			for deadline := time.Now().Add(5 * time.Second); ; {
+				if _, maxBusy := p.seen(); maxBusy > 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("ring 2's requests never started")
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+			var heavy [][40]byte
+			for i := range 16 {
+				heavy = append(heavy, request(uint64(1+i%4), true, 2*time.Millisecond))
+			}
+			submitOn(t, d, 1, heavy)
+			<-done
+			if _, maxBusy := p.seen(); maxBusy != tc.wantMax {
+				t.Errorf("%d requests in service at once, want %d", maxBusy, tc.wantMax)
 			}
 		})
 	}
