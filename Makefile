@@ -107,18 +107,22 @@ bench: build
 # ratios ours/reference, best of BENCHGUEST_ROUNDS rounds, marking figures
 # taken while other processes loaded the host. About 17 minutes with the
 # defaults; narrow it with e.g. BENCHGUEST_RUNTIME=3 BENCHGUEST_ROUNDS=1
-# BENCHGUEST_CONFIGS=ours,ref-pool0 BENCHGUEST_WORKLOADS='^seq'. Under TCG
-# the guest is the bottleneck: figures, not targets.
+# BENCHGUEST_CONFIGS=ours,ref-pool0 BENCHGUEST_WORKLOADS='^seq'.
+# BENCHGUEST_ALT=path/to/another/govirtiofsd adds configurations alt and
+# alt-2q (A/B comparisons in one run). Under TCG the guest is the
+# bottleneck: figures, not targets.
 BENCHGUEST_RUNTIME ?= 5
 BENCHGUEST_ROUNDS ?= 2
 BENCHGUEST_SIZE ?= 64M
 BENCHGUEST_CONFIGS ?=
 BENCHGUEST_WORKLOADS ?=
+BENCHGUEST_ALT ?=
 bench-guest: deps build
 	GOVIRTIOFSD_E2E_BENCH=1 GOVIRTIOFSD_BIN=$(CURDIR)/$(BIN) \
 	GOVIRTIOFSD_BENCH_RUNTIME=$(BENCHGUEST_RUNTIME) GOVIRTIOFSD_BENCH_ROUNDS=$(BENCHGUEST_ROUNDS) \
 	GOVIRTIOFSD_BENCH_SIZE=$(BENCHGUEST_SIZE) \
 	GOVIRTIOFSD_BENCH_CONFIGS='$(BENCHGUEST_CONFIGS)' GOVIRTIOFSD_BENCH_WORKLOADS='$(BENCHGUEST_WORKLOADS)' \
+	GOVIRTIOFSD_BENCH_ALT='$(BENCHGUEST_ALT)' \
 		$(GO) test -count=1 -v -run '^TestBenchGuest$$' -timeout 120m ./test/e2e/
 
 # soak: test/e2e TestSoak (root): a Linux 6.12 guest under TCG runs fio

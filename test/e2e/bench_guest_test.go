@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -109,7 +110,8 @@ const benchOtherLoad = 0.3
 // GOVIRTIOFSD_BENCH_ROUNDS rounds over all workloads (default 2),
 // GOVIRTIOFSD_BENCH_SIZE file size per job (default 64M),
 // GOVIRTIOFSD_BENCH_CONFIGS a comma-separated subset of ours, ours-2q,
-// ref-pool0, ref-pool2, GOVIRTIOFSD_BENCH_WORKLOADS a regexp on workload
+// ref-pool0, ref-pool2 (and alt, alt-2q: the build GOVIRTIOFSD_BENCH_ALT
+// names, with our default settings, for A/B comparisons in one run), GOVIRTIOFSD_BENCH_WORKLOADS a regexp on workload
 // names.
 func TestBenchGuest(t *testing.T) {
 	if os.Getenv("GOVIRTIOFSD_E2E_BENCH") != "1" {
@@ -137,12 +139,21 @@ func TestBenchGuest(t *testing.T) {
 	if s := os.Getenv("GOVIRTIOFSD_BENCH_SIZE"); s != "" {
 		size = s
 	}
-	cfgs := benchConfigs
+	cfgs := slices.Clone(benchConfigs)
+	if alt := os.Getenv("GOVIRTIOFSD_BENCH_ALT"); alt != "" {
+		if _, err := os.Stat(alt); err != nil {
+			t.Fatalf("GOVIRTIOFSD_BENCH_ALT: %v", err)
+		}
+		cfgs = append(cfgs,
+			benchConfig{name: "alt", kind: altDaemon, extra: []string{"--log-level", "info"}, queues: 1},
+			benchConfig{name: "alt-2q", kind: altDaemon, extra: []string{"--log-level", "info"}, queues: 2})
+	}
+	all := cfgs
 	if s := os.Getenv("GOVIRTIOFSD_BENCH_CONFIGS"); s != "" {
 		cfgs = nil
 		for _, name := range strings.Split(s, ",") {
 			found := false
-			for _, c := range benchConfigs {
+			for _, c := range all {
 				if c.name == strings.TrimSpace(name) {
 					cfgs, found = append(cfgs, c), true
 				}

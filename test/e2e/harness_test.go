@@ -169,11 +169,17 @@ type daemonKind int
 const (
 	ourDaemon daemonKind = iota
 	refDaemon
+	// altDaemon is another build of ours (GOVIRTIOFSD_BENCH_ALT), run
+	// beside it for A/B benchmarks.
+	altDaemon
 )
 
 func (k daemonKind) String() string {
-	if k == refDaemon {
+	switch k {
+	case refDaemon:
 		return "reference"
+	case altDaemon:
+		return "govirtiofsd (alt)"
 	}
 	return "govirtiofsd"
 }
@@ -282,7 +288,11 @@ func startDaemon(t *testing.T, kind daemonKind, sock, shared, logPath string, ex
 		args := []string{"--socket-path", sock, "--shared-dir", shared, "--log-level", "debug"}
 		args = append(args, extra...)
 		args = append(args, strings.Fields(os.Getenv("GOVIRTIOFSD_E2E_DAEMON_ARGS"))...)
-		cmd = exec.Command(ourDaemonBinary(t), args...)
+		bin := ourDaemonBinary(t)
+		if kind == altDaemon {
+			bin = os.Getenv("GOVIRTIOFSD_BENCH_ALT")
+		}
+		cmd = exec.Command(bin, args...)
 	}
 	f, err := os.Create(logPath)
 	if err != nil {
