@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"runtime"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -100,8 +99,9 @@ type Config struct {
 	Workers int
 	// CPUs is how many servers may serve at once, across all rings,
 	// before an extra server is no longer woken: beyond that, servers only
-	// take turns on the CPUs. 0 means GOMAXPROCS. It never stops a ring's
-	// own server.
+	// take turns on the CPUs. 0 means GOMAXPROCS (less what ring
+	// watchers add to it, see kickWatch). It never stops a ring's own
+	// server.
 	CPUs int
 	// Metrics keeps per-ring counters for WriteMetrics.
 	Metrics bool
@@ -142,7 +142,7 @@ func NewBackend(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("vhostuser: %d workers, want 0..1024", cfg.Workers)
 	}
 	if cfg.CPUs <= 0 {
-		cfg.CPUs = runtime.GOMAXPROCS(0)
+		cfg.CPUs = procsWithoutWatchers()
 	}
 	if len(cfg.Tag) > 36 {
 		return nil, fmt.Errorf("vhostuser: tag %q longer than 36 bytes", cfg.Tag)

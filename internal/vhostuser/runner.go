@@ -3,14 +3,11 @@ package vhostuser
 import (
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
 	"github.com/govirtiofsd/govirtiofsd/internal/virtqueue"
@@ -100,7 +97,7 @@ func (s *slot) release() {
 type runner struct {
 	r        *vring
 	q        *virtqueue.Queue
-	kick     *os.File // nil: the ring is polled (kick sent with NOFD)
+	kick     *kickWatch // nil: the ring is polled (kick sent with NOFD)
 	stopping atomic.Bool
 	stats    *ringStats // nil with metrics off
 	done     chan struct{}
@@ -160,19 +157,13 @@ func startRunner(r *vring, q *virtqueue.Queue, kickFD int, slots []*slot) *runne
 		rn.idle = append(rn.idle, rn.servers[i])
 	}
 	if kickFD >= 0 {
-		// A dup, so the poller owns its own fd and closing it cannot race
-		// with the message loop replacing the kick fd.
-		fd, err := unix.FcntlInt(uintptr(kickFD), unix.F_DUPFD_CLOEXEC, 0)
-		if err == nil {
-			if err = unix.SetNonblock(fd, true); err == nil {
-				rn.kick = os.NewFile(uintptr(fd), "kick")
-			} else {
-				unix.Close(fd)
-			}
-		}
-		if rn.kick == nil {
+		k, err := newKickWatch(kickFD)
+		if err != nil {
 			r.log().Warn("cannot watch kick fd; polling the ring", "err", err)
+		} else {
+			addWatcher(1)
 		}
+		rn.kick = k
 	}
 	rn.mu.Lock()
 	rn.startLocked(rn.servers[0])
@@ -198,7 +189,8 @@ func (rn *runner) stop() {
 	}
 	putMem(&rn.mem)
 	if rn.kick != nil {
-		rn.kick.Close()
+		rn.kick.close()
+		addWatcher(-1)
 	}
 }
 
@@ -206,7 +198,7 @@ func (rn *runner) stop() {
 func (rn *runner) endLocked() {
 	rn.stopping.Store(true)
 	if rn.kick != nil {
-		rn.kick.SetReadDeadline(time.Unix(1, 0)) // wake a blocked read
+		rn.kick.interrupt()
 	}
 	for _, s := range rn.idle {
 		if s.started {
@@ -278,11 +270,11 @@ func (s *server) run() {
 	// then never sleeps, so Linux leaves its thread on one CPU, and a
 	// woken front-end thread is placed on another instead of preempting
 	// it on every notification (a switch, and on some hypervisors a TLB
-	// flush, that made the copy to the file a third slower). It lets go
-	// of the thread while it sleeps (parkLocked, watchLocked): a locked
-	// goroutine resumes only after the thread that readied it hands it
-	// over to its own, two thread wake-ups instead of one, which cost
-	// about a tenth of the daemon's CPU on 4 KiB requests.
+	// flush, that made the copy to the file a third slower). Waiting for
+	// a kick it sleeps in the kernel on that thread (kickWatch). Parked,
+	// it lets go of the thread (parkLocked): a locked goroutine resumes
+	// only after the thread that readied it hands it over to its own,
+	// two thread wake-ups instead of one.
 	runtime.LockOSThread()
 	debug.SetPanicOnFault(true)
 	var cur *slot
@@ -495,12 +487,8 @@ func (s *server) watchLocked(noMemory bool) {
 	if rn.kick == nil {
 		time.Sleep(pollInterval)
 	} else {
-		var buf [8]byte
-		runtime.UnlockOSThread() // see run
-		_, err := rn.kick.Read(buf[:])
-		runtime.LockOSThread()
-		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, unix.EAGAIN) {
-			rn.r.log().Warn("read kick fd", "err", err)
+		if err := rn.kick.wait(); err != nil {
+			rn.r.log().Warn("watch ring", "err", err)
 			rn.mu.Lock()
 			rn.polling = false
 			rn.endLocked()
