@@ -108,6 +108,7 @@ type runner struct {
 	servers []*server
 	idle    []*server // parked servers, most recently parked last
 	free    []*slot
+	want    int  // slots the ring may use (ringSlots); r.slots grows to it on first need
 	polling bool // a server waits for a kick
 	// backoff and skip damp futile wake-ups: when a server woken for a
 	// heavy request parks again having served nothing (every chain it
@@ -140,7 +141,8 @@ const pollInterval = 200 * time.Microsecond
 
 func startRunner(r *vring, q *virtqueue.Queue, kickFD int, slots []*slot) *runner {
 	rn := &runner{r: r, q: q, done: make(chan struct{}), stats: r.b.ringStats(r.index),
-		free: make([]*slot, 0, len(slots))}
+		want: ringSlots(r.workers())}
+	rn.free = make([]*slot, 0, rn.want)
 	rn.free = append(rn.free, slots...)
 	if rn.stats != nil {
 		rn.stats.active.Store(true)
@@ -149,7 +151,7 @@ func startRunner(r *vring, q *virtqueue.Queue, kickFD int, slots []*slot) *runne
 	rn.servers = make([]*server, n)
 	rn.idle = make([]*server, 0, n)
 	for i := range rn.servers {
-		rn.servers[i] = &server{rn: rn, wake: make(chan struct{}, 1), backlog: make([]*slot, 0, len(slots))}
+		rn.servers[i] = &server{rn: rn, wake: make(chan struct{}, 1), backlog: make([]*slot, 0, rn.want)}
 	}
 	// Servers are started on first need; the idle list hands out the
 	// never-started ones last.
@@ -236,6 +238,9 @@ func (rn *runner) wakeLocked() *server {
 // wait or no one would watch the ring while this request is served, fewer
 // servers serve (all rings) than Config.CPUs, and the worker budget allows.
 func (rn *runner) spreadLocked() {
+	if len(rn.free) == 0 {
+		rn.growLocked()
+	}
 	if len(rn.idle) == 0 || len(rn.free) == 0 || rn.stopping.Load() {
 		return
 	}
@@ -251,6 +256,17 @@ func (rn *runner) spreadLocked() {
 	}
 	rn.extras++
 	rn.wakeLocked().woken = true
+}
+
+// growLocked allocates the ring's remaining slots, the first time a second
+// server could use them: once per ring and queue size, not per request.
+func (rn *runner) growLocked() {
+	r := rn.r
+	if n := rn.want - len(r.slots); n > 0 && len(rn.idle) > 0 && !rn.stopping.Load() {
+		more := r.newSlots(n)
+		r.slots = append(r.slots, more...) // the message loop reads it only after stop
+		rn.free = append(rn.free, more...)
+	}
 }
 
 // onFault turns a fault on guest memory (the front end shrank the file

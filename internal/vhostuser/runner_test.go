@@ -27,6 +27,7 @@ type probe struct {
 	busy     int            // requests in service
 	maxBusy  int
 	served   atomic.Int64
+	handlers atomic.Int64 // QueueHandler calls: one per request slot allocated
 }
 
 // seen returns the overlap counts (under the lock: the rings carry no
@@ -109,7 +110,7 @@ func startProbeRings(t *testing.T, rings, workers, cpus int) (*probe, *vmm.Devic
 	p := &probe{inflight: map[uint64]int{}}
 	b, err := NewBackend(Config{RequestQueues: rings, Tag: "probe", Workers: workers, CPUs: cpus,
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Handler: HandlerFunc(func(int) RequestHandler { return probeQueue{p} })})
+		Handler: HandlerFunc(func(int) RequestHandler { p.handlers.Add(1); return probeQueue{p} })})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,6 +219,10 @@ func TestServersSpreadHeavyRequests(t *testing.T) {
 				}
 				time.Sleep(5 * time.Millisecond) // let the servers park
 			}
+			// Spreading grew ring 1 to all its slots, once.
+			if n, want := p.handlers.Load(), int64(1+ringSlots(workers)); n != want {
+				t.Errorf("%d request slots allocated, want %d", n, want)
+			}
 		})
 	}
 }
@@ -242,6 +247,11 @@ func TestServersCheapInline(t *testing.T) {
 			submit(t, d, reqs)
 			if _, maxBusy := p.seen(); maxBusy != 1 {
 				t.Errorf("%d requests in service at once, want 1", maxBusy)
+			}
+			// A ring served by one server allocates one slot (and the
+			// hiprio ring one).
+			if n := p.handlers.Load(); n != 2 {
+				t.Errorf("%d request slots allocated, want 2", n)
 			}
 		})
 	}

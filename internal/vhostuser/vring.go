@@ -32,7 +32,7 @@ type vring struct {
 	errFD  int
 
 	queue *virtqueue.Queue // non-nil while started
-	slots []*slot          // request state, kept across stop/start while the size holds
+	slots []*slot          // request state allocated so far, kept across stop/start while the size holds
 
 	run     *runner // non-nil while the serving goroutine runs
 	badSeen atomic.Uint64
@@ -78,8 +78,11 @@ func (r *vring) start() error {
 	}
 	q.SetCall(r.callFD)
 	r.queue = q
-	if len(r.slots) != ringSlots(r.workers()) || r.slots[0].chain.Cap() != int(r.num) {
-		r.slots = r.newSlots(ringSlots(r.workers()))
+	if len(r.slots) == 0 || len(r.slots) > ringSlots(r.workers()) || r.slots[0].chain.Cap() != int(r.num) {
+		// One slot to start with: the others cost about 150 KiB each
+		// at queue size 1024 and only a ring that wakes a second server
+		// needs them (runner.growLocked).
+		r.slots = r.newSlots(1)
 	}
 	r.b.log.Debug("ring started", "queue", r.index, "size", r.num, "base", r.base,
 		"event_idx", r.b.acked&featEventIdx != 0, "indirect", r.b.acked&featIndirectDesc != 0)
