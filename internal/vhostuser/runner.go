@@ -613,11 +613,12 @@ func (rn *runner) bad(err error) {
 }
 
 // DefaultWorkers is the worker budget without --thread-pool-size: one fewer
-// than the CPUs this process may run on (at least one), so a busy ring has
+// than the CPUs this process may run on (GOMAXPROCS, which also heeds a
+// cgroup CPU limit, as Config.CPUs does; at least one), so a busy ring has
 // one server per CPU. A server more than that only takes turns with the
 // others: on 2 CPUs, 1+2 servers moved 1 MiB writes and reads 8-28 % slower
 // than 1+1 (direct front end, tmpfs, same run).
-func DefaultWorkers() int { return max(runtime.NumCPU()-1, 1) }
+func DefaultWorkers() int { return max(procsWithoutWatchers()-1, 1) }
 
 // takeWorker claims one unit of the back end's worker budget, shared by
 // all rings: one atomic add, no lock.
