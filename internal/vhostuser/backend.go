@@ -126,8 +126,9 @@ type Backend struct {
 	rings       [MaxRings]*vring
 	backend     BackendChannel
 	busyWorkers atomic.Int32
-	serving     atomic.Int32         // servers holding a request, all rings (server.serving)
-	stats       *[MaxRings]ringStats // nil with Config.Metrics off
+	serving     atomic.Int32                        // servers holding a request, all rings (server.serving)
+	writers     [writersSize]atomic.Pointer[server] // servers writing a node, by writersIndex
+	stats       *[MaxRings]ringStats                // nil with Config.Metrics off
 }
 
 // NewBackend returns a back end for cfg.

@@ -22,7 +22,7 @@ type Classifier interface {
 	// writeNode is the node a heavy WRITE writes, 0 for any other
 	// request: two large writes to one file would only contend for the
 	// host inode's lock, so they are served one after the other by the
-	// same server.
+	// same server, whichever rings they arrive on.
 	Classify(in *bufvec.Vec) (heavy bool, writeNode uint64)
 }
 
@@ -39,6 +39,9 @@ type slot struct {
 	// served from one (a server's chains otherwise live under the
 	// server's reference).
 	mem *virtqueue.GuestMemory
+	// rn is the runner that popped the chain: its ring takes the reply,
+	// and the slot back, even when another ring's server served it.
+	rn *runner
 }
 
 // deferSlots is how many heavy writes a ring may hold back for the server
@@ -120,6 +123,8 @@ type runner struct {
 	live    int                    // server goroutines started and not yet exited
 	awake   int                    // servers started and neither parked nor exited
 	extras  int                    // worker budget units held: at most awake-1
+	lent    int                    // slots deferred to another ring's server and not yet given back
+	ended   bool                   // done is closed
 	mem     *virtqueue.GuestMemory // table for the chains the last Snapshot saw (referenced)
 }
 
@@ -132,8 +137,13 @@ type server struct {
 	served  bool                   // served a request since it was last woken
 	serving bool                   // counted in Backend.serving: holds a request, not asleep
 	mem     *virtqueue.GuestMemory // reference covering the chains this server pops
-	node    uint64                 // node of the heavy WRITE being served; 0 for none (mu)
-	backlog []*slot                // writes to node deferred to this server, oldest first (mu)
+
+	// deferMu guards node and backlog. Servers of every ring defer writes
+	// here, each holding its own ring's mu, so it is a leaf: no other lock
+	// is taken under it.
+	deferMu sync.Mutex
+	node    uint64  // node of the heavy WRITE being served; 0 for none
+	backlog []*slot // writes to node deferred to this server, oldest first
 }
 
 // pollInterval is how often a ring without a kick fd is polled.
@@ -151,7 +161,10 @@ func startRunner(r *vring, q *virtqueue.Queue, kickFD int, slots []*slot) *runne
 	rn.servers = make([]*server, n)
 	rn.idle = make([]*server, 0, n)
 	for i := range rn.servers {
-		rn.servers[i] = &server{rn: rn, wake: make(chan struct{}, 1), backlog: make([]*slot, 0, rn.want)}
+		// Any ring may defer writes to any server: room for them all,
+		// so deferring never allocates.
+		rn.servers[i] = &server{rn: rn, wake: make(chan struct{}, 1),
+			backlog: make([]*slot, 0, rn.want*r.b.cfg.RequestQueues)}
 	}
 	// Servers are started on first need; the idle list hands out the
 	// never-started ones last.
@@ -173,9 +186,10 @@ func startRunner(r *vring, q *virtqueue.Queue, kickFD int, slots []*slot) *runne
 	return rn
 }
 
-// stop asks the servers to finish and waits until every one has exited:
-// every chain popped has then been completed and pushed, so the Queue's
-// LastAvail is exact.
+// stop asks the servers to finish and waits until every one has exited and
+// every chain deferred to another ring's server has come back: every chain
+// popped has then been completed and pushed, so the Queue's LastAvail is
+// exact.
 func (rn *runner) stop() {
 	// A request waiting for the VMM (FS_IO) would wait forever: the VMM
 	// answers only after we answer the message that stops this ring.
@@ -297,30 +311,26 @@ func (s *server) run() {
 	defer func() {
 		e := recover()
 		if e != nil {
+			// The chains this server holds are lost with the rings
+			// they came from: guest memory faulted, and the other
+			// rings map the same memory.
 			rn.onFault(e)
+			lost := s.dropDeferred()
+			if cur != nil {
+				lost = append(lost, cur)
+			}
+			for _, sl := range lost {
+				sl.release()
+				sl.rn.giveBack(sl, sl.rn != rn, true)
+			}
 		}
 		rn.mu.Lock()
 		if e != nil {
-			// The chains this server holds are lost with the ring.
-			if cur != nil {
-				cur.release()
-				rn.free = append(rn.free, cur)
-			}
-			for _, sl := range s.backlog {
-				sl.release()
-				rn.free = append(rn.free, sl)
-			}
-			s.backlog, s.node = s.backlog[:0], 0
 			rn.endLocked()
 		}
 		s.leaveLocked()
 		rn.live--
-		if rn.live == 0 {
-			if rn.stats != nil {
-				rn.stats.active.Store(false)
-			}
-			close(rn.done)
-		}
+		rn.endedLocked()
 		rn.mu.Unlock()
 	}()
 	for {
@@ -333,13 +343,50 @@ func (s *server) run() {
 		written := cur.handler.Serve(cur.chain.Readable, cur.chain.Writable)
 		// Notify as soon as the guest asks (EVENT_IDX keeps that cheap):
 		// holding completions back lets one slow request delay the
-		// replies already pushed.
-		if err := rn.q.PushNotify(cur.chain.Head, written); err != nil {
-			rn.r.log().Warn("notify guest", "err", err)
+		// replies already pushed. A write deferred from another ring
+		// goes back to its own.
+		from := cur.rn
+		if err := from.q.PushNotify(cur.chain.Head, written); err != nil {
+			from.r.log().Warn("notify guest", "err", err)
 		}
-		rn.completed()
+		from.completed()
 		cur.release()
 	}
+}
+
+// endedLocked closes done once no server runs and no slot is out with
+// another ring's server.
+func (rn *runner) endedLocked() {
+	if rn.live > 0 || rn.lent > 0 || rn.ended {
+		return
+	}
+	rn.ended = true
+	if rn.stats != nil {
+		rn.stats.active.Store(false)
+	}
+	close(rn.done)
+}
+
+// giveBack returns sl, popped by this runner, to its free list: lent says
+// another ring's server held it. end stops the ring (a fault lost the
+// chain).
+func (rn *runner) giveBack(sl *slot, lent, end bool) {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	rn.free = append(rn.free, sl)
+	if end {
+		rn.endLocked()
+	}
+	if !lent {
+		return
+	}
+	rn.lent--
+	if rn.awake == 0 && len(rn.idle) > 0 && !rn.stopping.Load() {
+		// Every server parked, one of them for want of this slot
+		// (popNoSlot): none watches the ring.
+		rn.wakeLocked()
+	}
+	rn.endedLocked()
 }
 
 // leaveLocked drops what a server holds while it does not serve: its memory
@@ -357,34 +404,44 @@ func (s *server) leaveLocked() {
 	}
 }
 
-// next returns the slot done (served, or nil) to the free list and returns
-// the next request to serve: the oldest write deferred to this server, else
-// a chain popped from the ring. It waits while there is nothing to serve
-// and returns nil when the server must exit.
+// next returns the slot done (served, or nil) to its ring's free list and
+// returns the next request to serve: the oldest write deferred to this
+// server, else a chain popped from the ring. It waits while there is
+// nothing to serve and returns nil when the server must exit.
+//
+// A server keeps its claim on the node it last wrote (claimLocked) until it
+// is about to serve something else or stop serving, so the next write to
+// that node, popped here or on another ring, is deferred to it.
 func (s *server) next(done *slot) *slot {
 	rn := s.rn
+	if done != nil && done.rn != rn {
+		done.rn.giveBack(done, true, false) // before taking mu: one ring's lock at a time
+		done = nil
+	}
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
 	if done != nil {
 		rn.free = append(rn.free, done)
 	}
 	for {
-		if len(s.backlog) > 0 {
-			sl := s.backlog[0]
-			n := copy(s.backlog, s.backlog[1:])
-			s.backlog = s.backlog[:n]
+		if sl := s.takeDeferred(); sl != nil {
 			s.served = true
 			s.setServing(true)
 			return sl
 		}
-		s.node = 0
 		if rn.stopping.Load() {
+			if !s.unclaim() {
+				continue
+			}
 			return nil
 		}
 		if rn.awake > 1 && rn.r.b.overCPUs() {
 			// Rings that became busy since this server was woken
 			// already fill the CPUs; another server of this ring is
 			// awake to go on.
+			if !s.unclaim() {
+				continue
+			}
 			s.parkLocked()
 			continue
 		}
@@ -396,14 +453,10 @@ func (s *server) next(done *slot) *slot {
 			if sl.classify != nil {
 				heavy, node = sl.classify.Classify(sl.chain.Readable)
 			}
-			if node != 0 {
-				if w := rn.writerLocked(node); w != nil {
-					sl.mem = s.mem
-					sl.mem.TryGet() // cannot fail: s holds a reference
-					w.backlog = append(w.backlog, sl)
-					continue
+			if node == 0 || node != s.node {
+				if s.unclaim() && node != 0 && s.claimLocked(sl, node) {
+					continue // deferred to the server writing node
 				}
-				s.node = node
 			}
 			s.setServing(true) // before spreadLocked counts the servers serving
 			if heavy {
@@ -415,15 +468,22 @@ func (s *server) next(done *slot) *slot {
 			continue
 		case popEnded:
 			rn.endLocked()
-			return nil
+			continue
 		case popEmpty, popNoMemory:
+			if !s.unclaim() {
+				continue
+			}
 			if !rn.polling {
 				s.watchLocked(st == popNoMemory)
 				continue
 			}
 		}
 		// Nothing this server can take: another watches the ring, or every
-		// slot is held by a server that will come back for more.
+		// slot is held by a server that will come back for more (or give
+		// it back: giveBack).
+		if !s.unclaim() {
+			continue
+		}
 		s.parkLocked()
 	}
 }
@@ -444,14 +504,129 @@ func (s *server) setServing(on bool) {
 	}
 }
 
-// writerLocked returns the server serving a heavy WRITE to node, if any.
-func (rn *runner) writerLocked(node uint64) *server {
-	for _, w := range rn.servers {
-		if w.node == node {
-			return w
+// Two large writes to one file only contend for the host inode's lock, on
+// whichever rings they arrive: the second is deferred to the server already
+// writing that file, which serves it next (ordering between requests in
+// flight is the guest's business, as with any two it has not waited for).
+// A server writing a node claims it in the back end's writers table, so a
+// server of any ring finds it without a lock shared by the rings.
+//
+// writersSize is the table's size. A node whose entry another node took
+// is only not deferred: its writes contend, as they would without the
+// table.
+const writersSize = 256
+
+// writersIndex hashes node to its writers table entry.
+func writersIndex(node uint64) uint64 { return node * 0x9e3779b97f4a7c15 >> 56 }
+
+// claimLocked is called with sl, a heavy write to node that s popped and
+// holds no claim for. If a server of any ring is writing node, sl is
+// deferred to it and claimLocked reports true. Otherwise s claims node,
+// unless the table entry is another node's, and serves sl itself.
+//
+// The claim is exact: s's node is set before it enters the table, and a
+// writer's node is cleared before it leaves, both under its deferMu, so a
+// deferrer that finds a writer in the table sees either its claim on node
+// or none. Only entries of other nodes (hash collisions) and writers of a
+// stopping ring let two writes to one node run side by side.
+func (s *server) claimLocked(sl *slot, node uint64) bool {
+	rn := s.rn
+	e := &rn.r.b.writers[writersIndex(node)]
+	for {
+		w := e.Load()
+		if w != nil && w != s {
+			lend := w.rn != rn
+			w.deferMu.Lock()
+			if w.node == node && (!lend || !w.rn.stopping.Load()) {
+				sl.mem = s.mem
+				sl.mem.TryGet() // cannot fail: s holds a reference
+				w.backlog = append(w.backlog, sl)
+				w.deferMu.Unlock()
+				if lend {
+					// Stop waits for it; this ring goes on popping
+					// with its other slots (giveBack wakes a server
+					// that ran out).
+					rn.lent++
+					if len(rn.free) == 0 {
+						rn.growLocked()
+					}
+				}
+				return true
+			}
+			taken := w.node != 0
+			w.deferMu.Unlock()
+			if taken {
+				return false
+			}
+		}
+		s.deferMu.Lock()
+		s.node = node
+		s.deferMu.Unlock()
+		if e.CompareAndSwap(w, s) {
+			return false
+		}
+		// Another server claimed the entry first: look again. A
+		// deferrer holding a stale pointer to s may have seen the
+		// claim meanwhile; what it deferred keeps s's claim.
+		s.deferMu.Lock()
+		if len(s.backlog) == 0 {
+			s.node = 0
+		}
+		kept := s.node != 0
+		s.deferMu.Unlock()
+		if kept {
+			return false
 		}
 	}
-	return nil
+}
+
+// unclaim gives up s's claim on the node it was writing unless a write to
+// it was deferred to s meanwhile: it reports whether s holds no claim, and
+// so has nothing deferred, now. Only s sets its node: it reads it unlocked.
+func (s *server) unclaim() bool {
+	if s.node == 0 {
+		return true // a backlog is never left without its claim
+	}
+	s.deferMu.Lock()
+	if len(s.backlog) > 0 {
+		s.deferMu.Unlock()
+		return false
+	}
+	node := s.node
+	s.node = 0
+	s.deferMu.Unlock()
+	s.rn.r.b.writers[writersIndex(node)].CompareAndSwap(s, nil)
+	return true
+}
+
+// takeDeferred returns the oldest write deferred to s, or nil.
+func (s *server) takeDeferred() *slot {
+	if s.node == 0 {
+		return nil
+	}
+	s.deferMu.Lock()
+	defer s.deferMu.Unlock()
+	if len(s.backlog) == 0 {
+		return nil
+	}
+	sl := s.backlog[0]
+	n := copy(s.backlog, s.backlog[1:])
+	s.backlog = s.backlog[:n]
+	return sl
+}
+
+// dropDeferred gives up s's claim and returns the writes deferred to it.
+func (s *server) dropDeferred() []*slot {
+	s.deferMu.Lock()
+	lost := append([]*slot(nil), s.backlog...)
+	s.backlog = s.backlog[:0]
+	node := s.node
+	s.node = 0
+	s.deferMu.Unlock()
+	if node != 0 {
+		s.rn.r.b.writers[writersIndex(node)].CompareAndSwap(s, nil)
+	}
+	return lost
 }
 
 // maxBackoff bounds how many heavy requests pass without a wake-up after
@@ -579,6 +754,7 @@ func (rn *runner) popLocked(s *server) (*slot, popState) {
 	}
 	switch {
 	case err == nil:
+		sl.rn = rn
 		if q.AllowsUnmapped() {
 			sl.chain.Readable.SetBouncer(&rn.r.b.backend)
 			sl.chain.Writable.SetBouncer(&rn.r.b.backend)

@@ -302,3 +302,84 @@ func TestServersBoundedByCPUs(t *testing.T) {
 		})
 	}
 }
+
+// TestServersSerializeWritesAcrossRings: heavy writes to one node arriving
+// on two rings at once are served one at a time (each ring defers to the
+// server already writing the node, whichever ring it serves), with and
+// without workers, and every one is answered on its own ring.
+func TestServersSerializeWritesAcrossRings(t *testing.T) {
+	for _, workers := range []int{0, 1} {
+		t.Run(fmt.Sprintf("workers=%d", workers), func(t *testing.T) {
+			p, d := startProbeRings(t, 2, workers, 8)
+			var reqs [][40]byte
+			for range 24 {
+				reqs = append(reqs, request(7, true, time.Millisecond))
+			}
+			var wg sync.WaitGroup
+			for ring := 1; ring <= 2; ring++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					submitOn(t, d, ring, reqs)
+				}()
+			}
+			wg.Wait()
+			if overlap, _ := p.seen(); overlap != 0 {
+				t.Errorf("%d heavy writes to one node overlapped another", overlap)
+			}
+			if n := p.served.Load(); n != 2*int64(len(reqs)) {
+				t.Errorf("served %d of %d", n, 2*len(reqs))
+			}
+			for ring := 1; ring <= 2; ring++ {
+				if u := d.Queue(ring).UsedIdx(); u != uint16(len(reqs)) {
+					t.Errorf("ring %d: used index %d, want %d", ring, u, len(reqs))
+				}
+			}
+		})
+	}
+}
+
+// TestStopWaitsForLentWrite: a write deferred to another ring's server is
+// still the stopped ring's chain: GET_VRING_BASE answers only once it has
+// been served and pushed, so the base it returns is exact.
+func TestStopWaitsForLentWrite(t *testing.T) {
+	p, d := startProbeRings(t, 2, 1, 8)
+	add := func(ring int, r [40]byte) *vmm.FuseCall {
+		q := d.Queue(ring)
+		fc, err := q.AddFuse(vmm.FuseRequest{In: r[:], OutArgs: 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := q.Notify(); err != nil {
+			t.Fatal(err)
+		}
+		return fc
+	}
+	first := add(1, request(7, true, 300*time.Millisecond))
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if _, maxBusy := p.seen(); maxBusy > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("ring 1's write never started")
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	lent := add(2, request(7, true, 50*time.Millisecond))
+	time.Sleep(50 * time.Millisecond) // ring 2's server pops it and defers it to ring 1's
+	base, err := d.StopQueue(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := d.Queue(2).UsedIdx(); base != 1 || u != 1 {
+		t.Errorf("ring 2 stopped at base %d with used index %d, want 1 and 1", base, u)
+	}
+	for _, fc := range []*vmm.FuseCall{first, lent} {
+		if _, err := fc.Wait(10 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if overlap, _ := p.seen(); overlap != 0 {
+		t.Errorf("the write on ring 2 ran beside ring 1's write to the same node (%d overlaps)", overlap)
+	}
+}
