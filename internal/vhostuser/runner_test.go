@@ -38,6 +38,20 @@ func (p *probe) seen() (overlap, maxBusy int) {
 	return p.overlap, p.maxBusy
 }
 
+// waitServing waits until a request is in service.
+func (p *probe) waitServing(t *testing.T, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if _, maxBusy := p.seen(); maxBusy > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never started", what)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
 // reset forgets the overlap counts.
 func (p *probe) reset() {
 	p.mu.Lock()
@@ -281,15 +295,7 @@ func TestServersBoundedByCPUs(t *testing.T) {
 				defer close(done)
 				submitOn(t, d, 2, busy)
 			}()
-			for deadline := time.Now().Add(5 * time.Second); ; {
-				if _, maxBusy := p.seen(); maxBusy > 0 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("ring 2's requests never started")
-				}
-				time.Sleep(100 * time.Microsecond)
-			}
+			p.waitServing(t, "ring 2's requests")
 			var heavy [][40]byte
 			for i := range 16 {
 				heavy = append(heavy, request(uint64(1+i%4), true, 2*time.Millisecond))
@@ -356,15 +362,7 @@ func TestStopWaitsForLentWrite(t *testing.T) {
 		return fc
 	}
 	first := add(1, request(7, true, 300*time.Millisecond))
-	for deadline := time.Now().Add(5 * time.Second); ; {
-		if _, maxBusy := p.seen(); maxBusy > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("ring 1's write never started")
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
+	p.waitServing(t, "ring 1's write")
 	lent := add(2, request(7, true, 50*time.Millisecond))
 	time.Sleep(50 * time.Millisecond) // ring 2's server pops it and defers it to ring 1's
 	base, err := d.StopQueue(2)
