@@ -381,3 +381,38 @@ func TestStopWaitsForLentWrite(t *testing.T) {
 		t.Errorf("the write on ring 2 ran beside ring 1's write to the same node (%d overlaps)", overlap)
 	}
 }
+
+// TestRepliesSignalledPerBatch: cheap replies are signalled once per batch
+// of notifyBatch (or at the end of what the server saw), not once each; a
+// heavy request's reply is signalled at once; and no reply is left
+// unsignalled (the front end collects replies only on interrupts, so a
+// missing signal is a timeout in submit).
+func TestRepliesSignalledPerBatch(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		heavy    bool
+		min, max int // interrupts for 32 requests
+	}{
+		// A loaded machine only merges interrupts: the bounds below
+		// are loose where that could move them.
+		{"cheap", false, 1, 32/notifyBatch + 2},
+		{"heavy", true, 16, 32},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, d := startProbe(t, 0)
+			var reqs [][40]byte
+			for i := range 32 {
+				// Slow enough that the front end's interrupt handler
+				// takes each signal on its own.
+				reqs = append(reqs, request(uint64(1+i%4), tc.heavy, 300*time.Microsecond))
+			}
+			before := d.Queue(1).Stats().Interrupts
+			submit(t, d, reqs)
+			n := d.Queue(1).Stats().Interrupts - before
+			t.Logf("%d interrupts", n)
+			if n < tc.min || n > tc.max {
+				t.Errorf("%d interrupts for %d replies, want %d to %d", n, len(reqs), tc.min, tc.max)
+			}
+		})
+	}
+}
