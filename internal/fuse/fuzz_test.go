@@ -32,6 +32,7 @@ func FuzzServe(f *testing.F) {
 		} else {
 			q = NewServer(fs, ServerOptions{}, debugLogger()).Queue(1)
 		}
+		checkClassify(t, q, req, int(inK))
 		serve(t, q, req, int(inK), int(outSize), int(outK))
 		// The queue stays usable after whatever came before.
 		r := serve(t, q, mkreq(OpStatfs, 99, nil, nil, nil), 0, 16+statfsOutSize, 0)
@@ -39,4 +40,34 @@ func FuzzServe(f *testing.F) {
 			t.Fatalf("STATFS after the fuzzed request: % x", r)
 		}
 	})
+}
+
+// checkClassify: Classify never consumes the request, and says only what the
+// header's opcode allows.
+func checkClassify(t *testing.T, q *Queue, req []byte, inK int) {
+	in := vecOf(req)
+	if inK > 0 {
+		in = chunked(req, inK)
+	}
+	heavy, node, slow := q.Classify(in)
+	if in.Pos() != 0 {
+		t.Fatalf("Classify left the cursor at %d", in.Pos())
+	}
+	var op uint32
+	if len(req) >= InHeaderSize {
+		op = binary.LittleEndian.Uint32(req[4:])
+	}
+	if heavy && op != OpRead && op != OpWrite || node != 0 && op != OpWrite || heavy && slow {
+		t.Fatalf("Classify(op %d) = %v, %d, %v", op, heavy, node, slow)
+	}
+	switch op {
+	case OpFsync, OpFsyncdir, OpFlush, OpFallocate, OpCopyFileRange, OpSyncfs:
+		if !slow {
+			t.Fatalf("Classify(op %d) not slow", op)
+		}
+	default:
+		if slow {
+			t.Fatalf("Classify(op %d) slow", op)
+		}
+	}
 }

@@ -382,22 +382,29 @@ const heavyBytes = 32 << 10
 // Classify tells the ring's servers how to schedule the request in (not yet
 // consumed): heavy for a large READ or WRITE, and for a large WRITE the node
 // it writes, so writes to one file are not served side by side only to
-// contend for its lock. It only peeks: the cursor is left at the start, and
-// Serve validates everything again.
-func (q *Queue) Classify(in *bufvec.Vec) (heavy bool, writeNode uint64) {
+// contend for its lock; slow for a request whose cost is the host's storage
+// whatever its size (FSYNC, FSYNCDIR, FLUSH, FALLOCATE, COPY_FILE_RANGE,
+// SYNCFS), so replies already pushed are not held back behind it. It only
+// peeks: the cursor is left at the start, and Serve validates everything
+// again.
+func (q *Queue) Classify(in *bufvec.Vec) (heavy bool, writeNode uint64, slow bool) {
 	var b [InHeaderSize + 24]byte // fuse_in_header, then fh, offset, size
-	if in.Pos() != 0 || in.ReadFull(b[:]) != nil {
-		in.Rewind()
-		return false, 0
+	defer in.Rewind()
+	if in.Pos() != 0 || in.ReadFull(b[:InHeaderSize]) != nil {
+		return false, 0, false
 	}
-	in.Rewind()
 	switch binary.LittleEndian.Uint32(b[4:]) {
 	case OpWrite:
 		if binary.LittleEndian.Uint32(b[0:]) >= heavyBytes {
-			return true, binary.LittleEndian.Uint64(b[16:]) // nodeid
+			return true, binary.LittleEndian.Uint64(b[16:]), false // nodeid
 		}
 	case OpRead:
-		return binary.LittleEndian.Uint32(b[InHeaderSize+16:]) >= heavyBytes, 0
+		if in.ReadFull(b[InHeaderSize:]) != nil {
+			return false, 0, false
+		}
+		return binary.LittleEndian.Uint32(b[InHeaderSize+16:]) >= heavyBytes, 0, false
+	case OpFsync, OpFsyncdir, OpFlush, OpFallocate, OpCopyFileRange, OpSyncfs:
+		return false, 0, true
 	}
-	return false, 0
+	return false, 0, false
 }

@@ -582,22 +582,28 @@ func TestClassify(t *testing.T) {
 		sizes []int // segment split of the request
 		heavy bool
 		node  uint64
+		slow  bool
 	}{
-		{"write 1M", mkreq(OpWrite, 1, rw(1<<20), nil, make([]byte, 1<<20)), []int{40, 40}, true, testNode},
-		{"write at threshold", mkreq(OpWrite, 1, rw(heavyBytes-80), nil, make([]byte, heavyBytes-80)), nil, true, testNode},
-		{"write 4k", mkreq(OpWrite, 1, rw(4096), nil, make([]byte, 4096)), []int{40, 40}, false, 0},
-		{"read 1M", mkreq(OpRead, 1, rw(1<<20), nil, nil), []int{40}, true, 0},
-		{"read 4k", mkreq(OpRead, 1, rw(4096), nil, nil), nil, false, 0},
-		{"getattr", mkreq(OpGetattr, 1, make([]byte, 16), nil, nil), nil, false, 0},
-		{"short header", make([]byte, 30), nil, false, 0},
-		{"header only", mkreq(OpRead, 1, nil, nil, nil), nil, false, 0},
-		{"split header", mkreq(OpWrite, 1, rw(1<<20), nil, make([]byte, 1<<20)), []int{7, 13, 29}, true, testNode},
+		{"write 1M", mkreq(OpWrite, 1, rw(1<<20), nil, make([]byte, 1<<20)), []int{40, 40}, true, testNode, false},
+		{"write at threshold", mkreq(OpWrite, 1, rw(heavyBytes-80), nil, make([]byte, heavyBytes-80)), nil, true, testNode, false},
+		{"write 4k", mkreq(OpWrite, 1, rw(4096), nil, make([]byte, 4096)), []int{40, 40}, false, 0, false},
+		{"read 1M", mkreq(OpRead, 1, rw(1<<20), nil, nil), []int{40}, true, 0, false},
+		{"read 4k", mkreq(OpRead, 1, rw(4096), nil, nil), nil, false, 0, false},
+		{"getattr", mkreq(OpGetattr, 1, make([]byte, 16), nil, nil), nil, false, 0, false},
+		{"fsync", mkreq(OpFsync, 1, make([]byte, 16), nil, nil), nil, false, 0, true},
+		{"fsync split", mkreq(OpFsync, 1, make([]byte, 16), nil, nil), []int{3, 50}, false, 0, true},
+		{"flush", mkreq(OpFlush, 1, make([]byte, 24), nil, nil), nil, false, 0, true},
+		{"fallocate", mkreq(OpFallocate, 1, make([]byte, 32), nil, nil), nil, false, 0, true},
+		{"syncfs", mkreq(OpSyncfs, 1, make([]byte, 8), nil, nil), nil, false, 0, true},
+		{"short header", make([]byte, 30), nil, false, 0, false},
+		{"header only", mkreq(OpRead, 1, nil, nil, nil), nil, false, 0, false},
+		{"split header", mkreq(OpWrite, 1, rw(1<<20), nil, make([]byte, 1<<20)), []int{7, 13, 29}, true, testNode, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := vecOf(tc.req, tc.sizes...)
-			heavy, node := q.Classify(in)
-			if heavy != tc.heavy || node != tc.node {
-				t.Errorf("Classify = %v, %d; want %v, %d", heavy, node, tc.heavy, tc.node)
+			heavy, node, slow := q.Classify(in)
+			if heavy != tc.heavy || node != tc.node || slow != tc.slow {
+				t.Errorf("Classify = %v, %d, %v; want %v, %d, %v", heavy, node, slow, tc.heavy, tc.node, tc.slow)
 			}
 			if in.Pos() != 0 {
 				t.Errorf("cursor left at %d", in.Pos())

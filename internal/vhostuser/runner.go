@@ -22,8 +22,10 @@ type Classifier interface {
 	// writeNode is the node a heavy WRITE writes, 0 for any other
 	// request: two large writes to one file would only contend for the
 	// host inode's lock, so they are served one after the other by the
-	// same server, whichever rings they arrive on.
-	Classify(in *bufvec.Vec) (heavy bool, writeNode uint64)
+	// same server, whichever rings they arrive on. slow marks a request
+	// that may take long whatever its size (an fsync): the replies pushed
+	// before it are signalled first (notifyBatch).
+	Classify(in *bufvec.Vec) (heavy bool, writeNode uint64, slow bool)
 }
 
 // slot is the state of one request in flight: its chain and the handler
@@ -42,19 +44,19 @@ type slot struct {
 	// rn is the runner that popped the chain: its ring takes the reply,
 	// and the slot back, even when another ring's server served it.
 	rn *runner
-	// heavy: Classify said so, or the write was deferred to its server.
-	// Its reply is signalled at once (notifyBatch).
-	heavy bool
+	// urgent: Classify said heavy or slow, or the write was deferred to
+	// its server. Its reply is signalled at once (notifyBatch).
+	urgent bool
 }
 
 // notifyBatch bounds how many cheap replies a server pushes before it
 // signals the guest. A server signals when it has served every chain it saw
-// in the ring's last snapshot, before a heavy request's reply goes out, and
-// before it parks or sleeps, so a reply waits at most for the cheap
-// requests the guest had already queued behind it (a few microseconds
-// each). One signal per batch rather than per request: with EVENT_IDX the
-// guest asks for one whenever it has caught up, and each one is an
-// interrupt and a thread wake-up in the guest.
+// in the ring's last snapshot, before it serves a heavy or slow request
+// (and at once after), and before it parks or sleeps, so a reply waits at
+// most for the cheap requests the guest had already queued behind it (a
+// few microseconds each). One signal per batch rather than per request:
+// with EVENT_IDX the guest asks for one whenever it has caught up, and
+// each one is an interrupt and a thread wake-up in the guest.
 const notifyBatch = 8
 
 // deferSlots is how many heavy writes a ring may hold back for the server
@@ -362,7 +364,7 @@ func (s *server) run() {
 		// replies already pushed. A write deferred from another ring
 		// goes back to its own.
 		from := cur.rn
-		if from == rn && !cur.heavy {
+		if from == rn && !cur.urgent {
 			rn.q.Push(cur.chain.Head, written) // signalled by next, with the batch
 			s.unsignalled++
 		} else {
@@ -476,12 +478,14 @@ func (s *server) next(done *slot) *slot {
 		sl, st := rn.popLocked(s)
 		switch st {
 		case popped:
-			var heavy bool
+			var heavy, slow bool
 			var node uint64
 			if sl.classify != nil {
-				heavy, node = sl.classify.Classify(sl.chain.Readable)
+				heavy, node, slow = sl.classify.Classify(sl.chain.Readable)
 			}
-			sl.heavy = heavy
+			if sl.urgent = heavy || slow; sl.urgent {
+				s.signal() // replies already pushed must not wait for it
+			}
 			if node == 0 || node != s.node {
 				if s.unclaim() && node != 0 && s.claimLocked(sl, node) {
 					continue // deferred to the server writing node
@@ -581,7 +585,6 @@ func (s *server) claimLocked(sl *slot, node uint64) bool {
 			if w.node == node && (!lend || !w.rn.stopping.Load()) {
 				sl.mem = s.mem
 				sl.mem.TryGet() // cannot fail: s holds a reference
-				sl.heavy = true
 				w.backlog = append(w.backlog, sl)
 				w.deferMu.Unlock()
 				if lend {

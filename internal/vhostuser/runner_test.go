@@ -18,8 +18,8 @@ import (
 
 // probe is a request handler that records how requests overlap. A request
 // is 40 readable bytes (the size of a fuse_in_header, which the front end
-// insists on) starting with the node (0: not a write), a heavy flag, and
-// how long to take, in microseconds.
+// insists on) starting with the node (0: not a write), a heavy flag, a slow
+// flag (byte 9), and how long to take, in microseconds.
 type probe struct {
 	mu       sync.Mutex
 	inflight map[uint64]int // heavy writes in service per node
@@ -71,12 +71,19 @@ func (q probeQueue) read(in *bufvec.Vec) (node uint64, heavy bool, d time.Durati
 	return binary.LittleEndian.Uint64(b[0:]), b[8] != 0, time.Duration(binary.LittleEndian.Uint32(b[12:])) * time.Microsecond, true
 }
 
-func (q probeQueue) Classify(in *bufvec.Vec) (bool, uint64) {
+func (q probeQueue) Classify(in *bufvec.Vec) (bool, uint64, bool) {
 	node, heavy, _, ok := q.read(in)
-	if !ok || !heavy {
-		return false, 0
+	if !ok {
+		return false, 0, false
 	}
-	return true, node
+	var b [16]byte
+	in.ReadFull(b[:]) // read could, so this can
+	in.Rewind()
+	slow := b[9] != 0
+	if !heavy {
+		return false, 0, slow
+	}
+	return true, node, slow
 }
 
 func (q probeQueue) Serve(in, out *bufvec.Vec) uint32 {
@@ -414,5 +421,37 @@ func TestRepliesSignalledPerBatch(t *testing.T) {
 				t.Errorf("%d interrupts for %d replies, want %d to %d", n, len(reqs), tc.min, tc.max)
 			}
 		})
+	}
+}
+
+// TestRepliesSignalledBeforeSlow: replies pushed before a slow request (an
+// fsync) are signalled before the server starts on it, not when its batch
+// ends.
+func TestRepliesSignalledBeforeSlow(t *testing.T) {
+	_, d := startProbe(t, 0)
+	q := d.Queue(1)
+	var calls []*vmm.FuseCall
+	for i := range 5 {
+		r := request(0, false, 100*time.Microsecond)
+		if i == 4 {
+			r = request(0, false, time.Second)
+			r[9] = 1 // slow
+		}
+		fc, err := q.AddFuse(vmm.FuseRequest{In: r[:], OutArgs: 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = append(calls, fc)
+	}
+	if _, err := q.Notify(); err != nil {
+		t.Fatal(err)
+	}
+	for i, fc := range calls[:4] {
+		if _, err := fc.Wait(500 * time.Millisecond); err != nil {
+			t.Fatalf("request %d, before the slow one: %v", i, err)
+		}
+	}
+	if _, err := calls[4].Wait(10 * time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
