@@ -336,3 +336,98 @@ func TestGuestResetInFlight(t *testing.T) {
 	c.roundTrip(d, "after", pattern(9, 4096))
 	noViolations(t, dev)
 }
+
+// TestStopRestartLentWrites: with two request rings, large O_APPEND writes
+// to the same two files arrive on both rings, so the daemon defers writes
+// popped on one ring to the server already writing the file on the other.
+// Ring 2 is stopped and restarted again and again while that goes on;
+// GET_VRING_BASE must still equal ring 2's used.idx (a chain lent to ring
+// 1's server is answered before the stop is), and after all iterations each
+// record is in its file exactly once.
+func TestStopRestartLentWrites(t *testing.T) {
+	iters := max(envInt("GOVIRTIOFSD_STRESS_ITER", 1000)/10, 10)
+	const (
+		files     = 2
+		perRing   = 6
+		recordLen = 64 << 10 // large: the daemon defers writes of 32 KiB and up
+	)
+	d := startDaemon(t, "--queues", "2")
+	o := opts()
+	o.Queues = 3
+	dev := d.connect(o)
+	c := newFS(t, dev, 1)
+	c.mount()
+	var nodes, fhs [files]uint64
+	for i := range files {
+		nodes[i], fhs[i] = c.create(vmm.RootID, fmt.Sprintf("lent%d", i), syscall.O_WRONLY|syscall.O_APPEND)
+	}
+	tag := func(it, ring, i int) []byte {
+		return fmt.Appendf(nil, "%07d:%d:%02d:%03d\n", it, ring, i, it%997)[:16]
+	}
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 2))
+	q2 := dev.Queue(2)
+	for it := range iters {
+		var calls []*vmm.FuseCall
+		for i := range perRing {
+			for ring := 1; ring <= 2; ring++ {
+				f := i % files
+				h := c.Header(vmm.OpWrite, nodes[f])
+				rec := bytes.Repeat(tag(it, ring, i), recordLen/16)
+				in := vmm.BuildRequest(h, len(rec), vmm.ReadWriteIn(fhs[f], 0, uint32(len(rec)), 0))
+				fc, err := dev.Queue(ring).SubmitFuse(vmm.FuseRequest{In: in, InPages: rec, OutArgs: 8})
+				if err != nil {
+					t.Fatalf("iteration %d: submit on ring %d: %v", it, ring, err)
+				}
+				calls = append(calls, fc)
+			}
+		}
+		for range rng.IntN(64) {
+			runtime.Gosched()
+		}
+		base, err := dev.StopQueue(2)
+		if err != nil {
+			t.Fatalf("iteration %d: stop ring 2: %v", it, err)
+		}
+		if u := q2.UsedIdx(); uint16(base) != u {
+			t.Fatalf("iteration %d: GET_VRING_BASE = %d but used.idx = %d: a request taken was not pushed before the answer", it, base, u)
+		}
+		if err := dev.RestartQueue(2, base, false); err != nil {
+			t.Fatalf("iteration %d: restart ring 2 at %d: %v", it, base, err)
+		}
+		for k, fc := range calls {
+			b, err := fc.Wait(opTimeout)
+			if err != nil {
+				t.Fatalf("iteration %d: write %d: %v", it, k, err)
+			}
+			h, body, err := vmm.ParseReply(b)
+			if err != nil || h.Error != 0 || len(body) != 8 || le.Uint32(body) != recordLen {
+				t.Fatalf("iteration %d: write %d: error %v/%d, body %x", it, k, err, h.Error, body)
+			}
+		}
+	}
+	for f := range files {
+		got := d.hostFile(fmt.Sprintf("lent%d", f))
+		seen := map[string]int{}
+		for off := 0; off+recordLen <= len(got); off += recordLen {
+			r := got[off : off+recordLen]
+			if !bytes.Equal(r, bytes.Repeat(r[:16], recordLen/16)) {
+				t.Fatalf("lent%d: record at %d is torn", f, off)
+			}
+			seen[string(r[:16])]++
+		}
+		want := iters * 2 * perRing / files
+		if len(got) != want*recordLen {
+			t.Errorf("lent%d: %d bytes, want %d records of %d", f, len(got), want, recordLen)
+		}
+		for it := range iters {
+			for ring := 1; ring <= 2; ring++ {
+				for i := f; i < perRing; i += files {
+					if n := seen[string(tag(it, ring, i))]; n != 1 {
+						t.Fatalf("lent%d: record of iteration %d, ring %d, write %d found %d times", f, it, ring, i, n)
+					}
+				}
+			}
+		}
+	}
+	noViolations(t, dev)
+}
