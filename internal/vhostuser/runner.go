@@ -155,6 +155,10 @@ type server struct {
 	// unsignalled counts this ring's replies the server pushed since the
 	// guest was last considered for a signal (notifyBatch).
 	unsignalled int
+	// ownTurn: the last request served was another ring's write, deferred
+	// to s; this ring's chains come first next, so a ring that keeps
+	// deferring cannot starve the one whose server it borrows.
+	ownTurn bool
 
 	// deferMu guards node and backlog. Servers of every ring defer writes
 	// here, each holding its own ring's mu, so it is a leaf: no other lock
@@ -453,11 +457,15 @@ func (s *server) next(done *slot) *slot {
 		s.signal()
 	}
 	for {
-		if sl := s.takeDeferred(); sl != nil {
-			s.served = true
-			s.setServing(true)
-			return sl
+		if !s.ownTurn {
+			if sl := s.takeDeferred(); sl != nil {
+				s.ownTurn = sl.rn != rn
+				s.served = true
+				s.setServing(true)
+				return sl
+			}
 		}
+		s.ownTurn = false
 		if rn.stopping.Load() {
 			if !s.unclaim() {
 				continue

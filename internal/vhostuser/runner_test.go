@@ -186,6 +186,20 @@ func submitOn(t *testing.T, d *vmm.Device, ring int, reqs [][40]byte) {
 	}
 }
 
+// addOn publishes one request on ring and kicks, without waiting for it.
+func addOn(t *testing.T, d *vmm.Device, ring int, r [40]byte) *vmm.FuseCall {
+	t.Helper()
+	q := d.Queue(ring)
+	fc, err := q.AddFuse(vmm.FuseRequest{In: r[:], OutArgs: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Notify(); err != nil {
+		t.Fatal(err)
+	}
+	return fc
+}
+
 func request(node uint64, heavy bool, d time.Duration) (r [40]byte) {
 	binary.LittleEndian.PutUint64(r[0:], node)
 	if heavy {
@@ -357,17 +371,7 @@ func TestServersSerializeWritesAcrossRings(t *testing.T) {
 // been served and pushed, so the base it returns is exact.
 func TestStopWaitsForLentWrite(t *testing.T) {
 	p, d := startProbeRings(t, 2, 1, 8)
-	add := func(ring int, r [40]byte) *vmm.FuseCall {
-		q := d.Queue(ring)
-		fc, err := q.AddFuse(vmm.FuseRequest{In: r[:], OutArgs: 0})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := q.Notify(); err != nil {
-			t.Fatal(err)
-		}
-		return fc
-	}
+	add := func(ring int, r [40]byte) *vmm.FuseCall { return addOn(t, d, ring, r) }
 	first := add(1, request(7, true, 300*time.Millisecond))
 	p.waitServing(t, "ring 1's write")
 	lent := add(2, request(7, true, 50*time.Millisecond))
@@ -453,5 +457,55 @@ func TestRepliesSignalledBeforeSlow(t *testing.T) {
 	}
 	if _, err := calls[4].Wait(10 * time.Second); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLentWritesDoNotStarveTheRing: a server writing a node that another
+// ring keeps deferring writes to still serves its own ring in between, one
+// of its own chains after each lent one, rather than only once the other
+// ring runs dry.
+func TestLentWritesDoNotStarveTheRing(t *testing.T) {
+	for _, tc := range []struct{ workers, cpus int }{{0, 8}, {1, 1}, {1, 8}} {
+		t.Run(fmt.Sprintf("workers=%d,cpus=%d", tc.workers, tc.cpus), func(t *testing.T) {
+			testLentWritesDoNotStarve(t, tc.workers, tc.cpus)
+		})
+	}
+}
+
+func testLentWritesDoNotStarve(t *testing.T, workers, cpus int) {
+	p, d := startProbeRings(t, 2, workers, cpus)
+	add := func(ring int, r [40]byte) *vmm.FuseCall { return addOn(t, d, ring, r) }
+	// Ring 1's server claims node 7.
+	first := add(1, request(7, true, 100*time.Millisecond))
+	p.waitServing(t, "ring 1's write")
+	// Ring 2 defers a stream of writes to node 7 to it...
+	var lent []*vmm.FuseCall
+	for range 40 {
+		lent = append(lent, add(2, request(7, true, 2*time.Millisecond)))
+	}
+	time.Sleep(5 * time.Millisecond) // ring 2's server pops and defers them
+	// ...while ring 1 has a cheap request of its own.
+	own := add(1, request(0, false, 0))
+	if _, err := own.Wait(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var doneFirst int
+	for _, fc := range lent {
+		select {
+		case <-fc.Chain.Done():
+			doneFirst++
+		default:
+		}
+	}
+	for _, fc := range append(lent, first) {
+		if _, err := fc.Wait(10 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if doneFirst > 4 {
+		t.Errorf("ring 1's own request waited for %d of ring 2's %d writes deferred to its server", doneFirst, len(lent))
+	}
+	if overlap, _ := p.seen(); overlap != 0 {
+		t.Errorf("%d heavy writes to one node overlapped another", overlap)
 	}
 }
