@@ -1,8 +1,9 @@
 // Package vhostuser is the daemon's vhost-user back end: it reads the front
 // end's (QEMU's, Cloud Hypervisor's) messages from the unix socket, negotiates
 // features, maps guest memory regions, sets up one virtqueue.Queue per ring
-// and runs one goroutine per enabled ring that hands each popped chain to a
-// RequestHandler (the FUSE layer) and pushes the result.
+// and serves each enabled ring with its own server goroutines (runner), one
+// always and more for large requests, that pop chains, hand each to a
+// RequestHandler (the FUSE layer), push the result and signal the guest.
 //
 // Every message is checked before it changes state. A message the back end
 // cannot honour is refused (an error reply when the front end asked for one,

@@ -31,7 +31,7 @@ type Classifier interface {
 // slot is the state of one request in flight: its chain and the handler
 // scratch that serves it. A ring's slots are allocated once, when it is
 // first started; they move between the runner's free list, a server, and a
-// server's backlog.
+// server's backlog, which may be another ring's server's (claimLocked).
 type slot struct {
 	chain    *virtqueue.DescChain
 	handler  RequestHandler
@@ -44,8 +44,8 @@ type slot struct {
 	// rn is the runner that popped the chain: its ring takes the reply,
 	// and the slot back, even when another ring's server served it.
 	rn *runner
-	// urgent: Classify said heavy or slow, or the write was deferred to
-	// its server. Its reply is signalled at once (notifyBatch).
+	// urgent: Classify said heavy or slow (every deferred write is
+	// heavy). Its reply is signalled at once (notifyBatch).
 	urgent bool
 }
 
