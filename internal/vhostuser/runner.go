@@ -363,13 +363,13 @@ func (s *server) run() {
 			return
 		}
 		written := cur.handler.Serve(cur.chain.Readable, cur.chain.Writable)
-		// Notify as soon as the guest asks (EVENT_IDX keeps that cheap):
-		// holding completions back lets one slow request delay the
-		// replies already pushed. A write deferred from another ring
+		// A cheap reply is signalled with its batch (next, notifyBatch),
+		// an urgent one at once. A write deferred from another ring, the
+		// only chain of another ring a server serves and always urgent,
 		// goes back to its own.
 		from := cur.rn
-		if from == rn && !cur.urgent {
-			rn.q.Push(cur.chain.Head, written) // signalled by next, with the batch
+		if !cur.urgent {
+			rn.q.Push(cur.chain.Head, written)
 			s.unsignalled++
 		} else {
 			if err := from.q.PushNotify(cur.chain.Head, written); err != nil {
@@ -536,6 +536,11 @@ func (s *server) signal() {
 		return
 	}
 	s.unsignalled = 0
+	s.notify()
+}
+
+// notify signals the guest if it asked for the replies pushed so far.
+func (s *server) notify() {
 	if err := s.rn.q.Notify(); err != nil {
 		s.rn.r.log().Warn("notify guest", "err", err)
 	}
@@ -726,8 +731,8 @@ func (s *server) watchLocked(noMemory bool) {
 	putMem(&rn.mem)
 	rn.polling = true
 	rn.mu.Unlock()
-	s.unsignalled = 1 // whatever any server pushed: the guest may sleep until it hears
-	s.signal()
+	s.unsignalled = 0
+	s.notify() // whatever any server pushed: the guest may sleep until it hears
 	if rn.kick == nil {
 		time.Sleep(pollInterval)
 	} else {

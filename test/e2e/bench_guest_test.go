@@ -111,8 +111,8 @@ const benchOtherLoad = 0.3
 // GOVIRTIOFSD_BENCH_SIZE file size per job (default 64M),
 // GOVIRTIOFSD_BENCH_CONFIGS a comma-separated subset of ours, ours-2q,
 // ref-pool0, ref-pool2 (and alt, alt-2q: the build GOVIRTIOFSD_BENCH_ALT
-// names, with our default settings, for A/B comparisons in one run), GOVIRTIOFSD_BENCH_WORKLOADS a regexp on workload
-// names.
+// names, with our default settings, for A/B comparisons in one run),
+// GOVIRTIOFSD_BENCH_WORKLOADS a regexp on workload names.
 func TestBenchGuest(t *testing.T) {
 	if os.Getenv("GOVIRTIOFSD_E2E_BENCH") != "1" {
 		t.Skip("set GOVIRTIOFSD_E2E_BENCH=1 to run the guest benchmark (make bench-guest)")
