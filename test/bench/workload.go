@@ -852,7 +852,9 @@ func Run(t *Target, spec RunSpec) (*Result, error) {
 		}
 		rs.abort.Store(true)
 		for _, r := range append([]*Ring{t.Hiprio}, t.Rings...) {
-			r.Interrupt()
+			if r != nil { // a null target has no hiprio ring
+				r.Interrupt()
+			}
 		}
 		<-done
 		return nil, fmt.Errorf("requests not completed 15 s after the run stopped, nor after an extra kick: %s", strings.Join(diag, "; "))
