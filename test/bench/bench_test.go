@@ -2,6 +2,7 @@ package bench
 
 import (
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -60,5 +61,50 @@ func TestNullDevice(t *testing.T) {
 			t.Logf("%s, %d rings: %.0f req/s, %d allocations in %d requests", w.Name, nr,
 				float64(res.Ops)/res.Elapsed.Seconds(), m1.Mallocs-m0.Mallocs, res.Ops)
 		}
+	}
+}
+
+// TestStalledRunReported: a device that withholds a notification, or stops
+// serving, leaves the front end asleep. The run must end with an error
+// that says what each side saw, rather than hang.
+func TestStalledRunReported(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		stall  func(d *nullDevice)
+		report []string
+	}{
+		{"notification withheld", func(d *nullDevice) { d.muteAfter.Store(20) },
+			[]string{"driver asleep", "null device 2: ", "20 signals"}},
+		{"device frozen", func(d *nullDevice) { d.freezeAfter.Store(100) },
+			[]string{"used.idx 100, ", "driver asleep having seen 100", "null device 2: avail seen 100 "}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := DefaultWorkloads()[0]
+			tgt, stop, err := NullTarget(2, 256, bufMiB(16, w.Size))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stop()
+			c.stall(tgt.null[1])
+			done := make(chan error, 1)
+			go func() {
+				_, err := Run(tgt, RunSpec{Workload: w, Depth: 16, Warmup: 10 * time.Millisecond, Duration: 50 * time.Millisecond,
+					StuckAfter: 300 * time.Millisecond})
+				done <- err
+			}()
+			select {
+			case err = <-done:
+			case <-time.After(30 * time.Second):
+				t.Fatal("a stalled run did not end")
+			}
+			if err == nil {
+				t.Fatal("a stalled run succeeded")
+			}
+			for _, want := range append([]string{"not completed", "ring 2: "}, c.report...) {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error lacks %q: %v", want, err)
+				}
+			}
+		})
 	}
 }

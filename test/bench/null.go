@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -28,7 +29,14 @@ type nullDevice struct {
 	lastAvail, usedIdx uint16
 	stop               atomic.Bool
 	done               chan struct{}
-	signals            uint64
+	// For a stalled run's report (Target.DeviceDiag).
+	signals, wakeups atomic.Uint64
+	polled           atomic.Uint32 // lastAvail when the device last went to sleep
+	// To test how a stalled run is reported: muteAfter, if set, is how
+	// many signals the device sends before it withholds every later one;
+	// freezeAfter, how many chains it serves before it serves no more.
+	muteAfter, freezeAfter atomic.Uint64
+	served                 uint64
 }
 
 func (d *nullDevice) availIdx() uint16 {
@@ -51,13 +59,20 @@ func (d *nullDevice) run() {
 			continue
 		}
 		d.setAvailEvent(d.lastAvail)
-		if d.availIdx() != d.lastAvail {
+		if d.availIdx() != d.lastAvail && !d.frozen() {
 			continue
 		}
+		d.polled.Store(uint32(d.lastAvail))
 		p := []unix.PollFd{{Fd: int32(d.kick), Events: unix.POLLIN}}
 		unix.Poll(p, 10)
 		unix.Read(d.kick, b[:])
+		d.wakeups.Add(1)
 	}
+}
+
+func (d *nullDevice) frozen() bool {
+	f := d.freezeAfter.Load()
+	return f != 0 && d.served >= f
 }
 
 func (d *nullDevice) host(gpa uint64, n uint32) []byte {
@@ -70,9 +85,16 @@ func (d *nullDevice) host(gpa uint64, n uint32) []byte {
 
 func (d *nullDevice) drain() bool {
 	end := d.availIdx()
+	if d.frozen() {
+		return false
+	}
+	if f := d.freezeAfter.Load(); f != 0 && uint64(end-d.lastAvail) > f-d.served {
+		end = d.lastAvail + uint16(f-d.served)
+	}
 	if end == d.lastAvail {
 		return false
 	}
+	d.served += uint64(end - d.lastAvail)
 	old := d.usedIdx
 	for ; d.lastAvail != end; d.lastAvail++ {
 		head := le.Uint16(d.avail[4+2*int(d.lastAvail&d.mask):])
@@ -115,7 +137,10 @@ func (d *nullDevice) drain() bool {
 	w := (*uint32)(unsafe.Pointer(&d.used[0]))
 	atomic.StoreUint32(w, atomic.LoadUint32(w)&0xffff|uint32(d.usedIdx)<<16)
 	if vmm.NeedEvent(d.usedEvent(), d.usedIdx, old) {
-		d.signals++
+		if m := d.muteAfter.Load(); m != 0 && d.signals.Load() >= m {
+			return true
+		}
+		d.signals.Add(1)
 		var b [8]byte
 		le.PutUint64(b[:], 1)
 		unix.Write(d.call, b[:])
@@ -166,7 +191,16 @@ func NullTarget(nrings int, queueSize uint16, bufMiB uint64) (*Target, func(), e
 		d := &nullDevice{mem: mem, desc: r.desc, avail: r.avail, used: r.used, size: r.size, mask: r.mask,
 			kick: kick, call: r.call, done: make(chan struct{})}
 		devs = append(devs, d)
+		t.null = append(t.null, d)
 		go d.run()
+	}
+	t.DeviceDiag = func() string {
+		var out []string
+		for i, d := range devs {
+			out = append(out, fmt.Sprintf("null device %d: avail seen %d at its last sleep, %d signals, %d polls",
+				i+1, d.polled.Load(), d.signals.Load(), d.wakeups.Load()))
+		}
+		return strings.Join(out, "; ")
 	}
 	return t, stop, nil
 }

@@ -57,9 +57,10 @@ type Ring struct {
 	lastWait time.Duration
 
 	// For the watchdog: what a sleeping Wait waits for.
-	asleep atomic.Bool
-	tid    atomic.Int32  // the driving goroutine's thread
-	sleep  atomic.Uint32 // last seen used index << 16 | used_event
+	asleep  atomic.Bool
+	aborted atomic.Bool   // Interrupt was called: Wait returns errAborted
+	tid     atomic.Int32  // the driving goroutine's thread
+	sleep   atomic.Uint32 // last seen used index << 16 | used_event
 	// Stalls the watchdog saw (see Run).
 	Withheld, Starved atomic.Uint64
 
@@ -333,23 +334,42 @@ func (r *Ring) Wait(batch int) error {
 		if r.HasUsed() {
 			return nil
 		}
+		if r.aborted.Load() {
+			return errAborted
+		}
 	}
 }
 
-// Interrupt wakes a goroutine blocked in Wait (used to abort a run).
+var errAborted = errors.New("bench: ring wait interrupted")
+
+// Interrupt makes Wait return errAborted, now or at its next sleep, unless
+// used elements are waiting (used to abort a run).
 func (r *Ring) Interrupt() {
+	r.aborted.Store(true)
 	var b [8]byte
 	le.PutUint64(b[:], 1)
 	unix.Write(r.call, b[:])
 }
 
-// Diag describes the ring's state for an error message. It reads the
-// driver's fields without synchronisation: call it only when the driving
-// goroutine is stuck.
+// Diag describes the ring's state for an error message, while its driving
+// goroutine may still run: it reads only the shared ring words and what
+// Wait published for the watchdog. The counters are in Counters.
 func (r *Ring) Diag() string {
 	usedEvent := uint16(atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.avail[4+2*int(r.size)]))))
-	return fmt.Sprintf("ring %d: avail.idx %d, used.idx %d (driver saw %d), used_event %d, avail_event %d, used.flags %#x, kicks %d, sleeps %d, wakeups %d",
-		r.Index, r.availIdx, r.usedIdx(), r.lastUsed, usedEvent, r.availEvent(), r.usedFlags(), r.Kicks, r.Sleeps, r.Wakeups)
+	availIdx := uint16(atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.avail[0]))) >> 16)
+	waits := "driver not asleep"
+	if r.asleep.Load() {
+		v := r.sleep.Load()
+		waits = fmt.Sprintf("driver asleep having seen %d, waiting for used.idx past %d", uint16(v>>16), uint16(v))
+	}
+	return fmt.Sprintf("ring %d: avail.idx %d, used.idx %d, used_event %d, avail_event %d, used.flags %#x, %s",
+		r.Index, availIdx, r.usedIdx(), usedEvent, r.availEvent(), r.usedFlags(), waits)
+}
+
+// Counters describes the driver's counters; call it only after the
+// driving goroutine returned.
+func (r *Ring) Counters() string {
+	return fmt.Sprintf("ring %d: driver saw used.idx %d, kicks %d, sleeps %d, wakeups %d", r.Index, r.lastUsed, r.Kicks, r.Sleeps, r.Wakeups)
 }
 
 // checkLost is the watchdog's probe: if Wait sleeps although the elements

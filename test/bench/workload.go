@@ -63,6 +63,10 @@ type Target struct {
 	Files     []FileRef
 	FileSize  uint64
 	Init      *vmm.InitOut
+	// DeviceDiag, if set, describes the device side of the rings for a
+	// stalled run's error (the null device's own counters).
+	DeviceDiag func() string
+	null       []*nullDevice // NullTarget's devices, ring by ring
 }
 
 // Close disconnects (the daemon then exits) and closes the rings' fds.
@@ -676,6 +680,9 @@ type RunSpec struct {
 	OnStart, OnStop func()
 	// DebugPids lists the daemon's processes for BENCH_DEBUG output.
 	DebugPids func() []int
+	// StuckAfter is how long requests may stay in flight after the run
+	// stopped before it is reported stuck (0: 15 s).
+	StuckAfter time.Duration
 }
 
 // Run drives t with spec and returns the measurement.
@@ -833,14 +840,21 @@ func Run(t *Target, spec RunSpec) (*Result, error) {
 		}
 	}
 	rs.phase.Store(phaseStop)
+	stuck := spec.StuckAfter
+	if stuck == 0 {
+		stuck = 15 * time.Second
+	}
 	select {
 	case <-done:
-	case <-time.After(15 * time.Second):
+	case <-time.After(stuck):
 		// Say which side lost track: read the rings as they are, then
 		// kick every ring once and see whether that unsticks them.
 		var diag []string
 		for _, r := range t.Rings {
 			diag = append(diag, r.Diag())
+		}
+		if t.DeviceDiag != nil {
+			diag = append(diag, t.DeviceDiag())
 		}
 		for _, r := range t.Rings {
 			r.kick()
@@ -848,7 +862,7 @@ func Run(t *Target, spec RunSpec) (*Result, error) {
 		select {
 		case <-done:
 			return nil, fmt.Errorf("requests stuck until an extra kick (a lost kick?): %s", strings.Join(diag, "; "))
-		case <-time.After(2 * time.Second):
+		case <-time.After(min(stuck, 2*time.Second)):
 		}
 		rs.abort.Store(true)
 		for _, r := range append([]*Ring{t.Hiprio}, t.Rings...) {
@@ -857,7 +871,10 @@ func Run(t *Target, spec RunSpec) (*Result, error) {
 			}
 		}
 		<-done
-		return nil, fmt.Errorf("requests not completed 15 s after the run stopped, nor after an extra kick: %s", strings.Join(diag, "; "))
+		for _, r := range t.Rings {
+			diag = append(diag, r.Counters())
+		}
+		return nil, fmt.Errorf("requests not completed %v after the run stopped, nor after an extra kick: %s", stuck, strings.Join(diag, "; "))
 	}
 	var errs []error
 	for _, wk := range workers {
