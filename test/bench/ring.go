@@ -60,7 +60,7 @@ type Ring struct {
 	asleep  atomic.Bool
 	aborted atomic.Bool   // Interrupt was called: Wait returns errAborted
 	tid     atomic.Int32  // the driving goroutine's thread
-	sleep   atomic.Uint32 // last seen used index << 16 | used_event
+	sleep   atomic.Uint64 // Sleeps << 32 | last seen used index << 16 | used_event
 	// Stalls the watchdog saw (see Run).
 	Withheld, Starved atomic.Uint64
 
@@ -312,7 +312,7 @@ func (r *Ring) Wait(batch int) error {
 			return nil
 		}
 		r.Sleeps++
-		r.sleep.Store(uint32(r.lastUsed)<<16 | uint32(ev))
+		r.sleep.Store(uint64(uint32(r.Sleeps))<<32 | uint64(r.lastUsed)<<16 | uint64(ev))
 		r.asleep.Store(true)
 		var err error
 		if r.Raw {
@@ -373,13 +373,15 @@ func (r *Ring) Counters() string {
 }
 
 // checkLost is the watchdog's probe: if Wait sleeps although the elements
-// it waits for were used, it reports true (the caller re-checks after a
-// while, then calls Interrupt).
-func (r *Ring) checkLost() bool {
+// it waits for were used, it reports true and which sleep it is. A busy
+// ring sleeps thousands of times a second, and with replies signalled per
+// batch most of its sleeps look lost for a moment: only the same sleep
+// seen lost again and again is a stall.
+func (r *Ring) checkLost() (sleep uint64, lost bool) {
 	if !r.asleep.Load() {
-		return false
+		return 0, false
 	}
 	v := r.sleep.Load()
 	last, ev := uint16(v>>16), uint16(v)
-	return r.usedIdx()-last > ev-last
+	return v, r.usedIdx()-last > ev-last
 }

@@ -765,8 +765,8 @@ func Run(t *Target, spec RunSpec) (*Result, error) {
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
-	// Watchdog: a ring asleep for half a second although the elements it
-	// waits for are in the used ring is a stall. If the call eventfd is
+	// Watchdog: a ring asleep for half a second, in one sleep, although
+	// the elements it waits for are in the used ring is a stall. If the call eventfd is
 	// not readable and the thread still waits in read(2), the device
 	// withheld the notification (a device that lost it for good hangs the
 	// run: the 15 s limit below reports it); if the eventfd is readable,
@@ -775,6 +775,7 @@ func Run(t *Target, spec RunSpec) (*Result, error) {
 	go func() {
 		all := append([]*Ring{t.Hiprio}, t.Rings...)
 		suspect := make([]int, len(all))
+		sleeps := make([]uint64, len(all))
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
 		for {
@@ -784,8 +785,15 @@ func Run(t *Target, spec RunSpec) (*Result, error) {
 			case <-tick.C:
 			}
 			for i, r := range all {
-				if r == nil || !r.checkLost() {
+				if r == nil {
+					continue
+				}
+				sleep, lost := r.checkLost()
+				if !lost || sleep != sleeps[i] {
 					suspect[i] = 0
+				}
+				sleeps[i] = sleep
+				if !lost {
 					continue
 				}
 				if suspect[i]++; suspect[i] != 5 {
