@@ -772,7 +772,10 @@ func Run(t *Target, spec RunSpec) (*Result, error) {
 	// run: the 15 s limit below reports it); if the eventfd is readable,
 	// the front end was not scheduled (a loaded machine). Neither is
 	// papered over: the watchdog only counts.
+	watchdog := make(chan struct{})
+	defer func() { <-watchdog }() // it reads the rings' fds, which the caller closes
 	go func() {
+		defer close(watchdog)
 		all := append([]*Ring{t.Hiprio}, t.Rings...)
 		suspect := make([]int, len(all))
 		sleeps := make([]uint64, len(all))
