@@ -82,11 +82,15 @@ func TestDisconnectMidRequest(t *testing.T) {
 		rings int
 		size  int
 		after int64 // completions to wait for before disconnecting
+		// oneFile: every ring writes the same file, so writes popped on
+		// one ring are lent to the server of another.
+		oneFile bool
 	}{
-		{"one-ring-1MiB-writes-at-once", 1, 1 << 20, 0},
-		{"one-ring-1MiB-writes-streaming", 1, 1 << 20, 3},
-		{"four-rings-256KiB-writes", 4, 256 << 10, 5},
-		{"four-rings-1MiB-writes-at-once", 4, 1 << 20, 0},
+		{"one-ring-1MiB-writes-at-once", 1, 1 << 20, 0, false},
+		{"one-ring-1MiB-writes-streaming", 1, 1 << 20, 3, false},
+		{"four-rings-256KiB-writes", 4, 256 << 10, 5, false},
+		{"four-rings-1MiB-writes-at-once", 4, 1 << 20, 0, false},
+		{"four-rings-one-file-256KiB-writes", 4, 256 << 10, 5, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := startDaemon(t, "--queues", "4")
@@ -97,8 +101,11 @@ func TestDisconnectMidRequest(t *testing.T) {
 			c := newFS(t, dev, 1)
 			c.mount()
 			var ws []*writer
+			var node, fh uint64
 			for ring := 1; ring <= tc.rings; ring++ {
-				node, fh := c.create(vmm.RootID, fmt.Sprintf("f%d", ring), syscall.O_RDWR)
+				if ring == 1 || !tc.oneFile {
+					node, fh = c.create(vmm.RootID, fmt.Sprintf("f%d", ring), syscall.O_RDWR)
+				}
 				ws = append(ws, startWriter(c, dev, ring, node, fh, tc.size))
 			}
 			deadline := time.Now().Add(opTimeout)
