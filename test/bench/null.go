@@ -159,10 +159,9 @@ func NullTarget(nrings int, queueSize uint16, bufMiB uint64) (*Target, func(), e
 	for i := range dataFiles {
 		t.Files = append(t.Files, FileRef{NodeID: uint64(2 + i), FH: uint64(i)})
 	}
-	var devs []*nullDevice
 	var queues []*vmm.Queue
 	stop := func() {
-		for _, d := range devs {
+		for _, d := range t.null {
 			d.stop.Store(true)
 			<-d.done
 		}
@@ -190,13 +189,12 @@ func NullTarget(nrings int, queueSize uint16, bufMiB uint64) (*Target, func(), e
 		kick := r.kickFd
 		d := &nullDevice{mem: mem, desc: r.desc, avail: r.avail, used: r.used, size: r.size, mask: r.mask,
 			kick: kick, call: r.call, done: make(chan struct{})}
-		devs = append(devs, d)
 		t.null = append(t.null, d)
 		go d.run()
 	}
 	t.DeviceDiag = func() string {
 		var out []string
-		for i, d := range devs {
+		for i, d := range t.null {
 			out = append(out, fmt.Sprintf("null device %d: avail seen %d at its last sleep, %d signals, %d polls",
 				i+1, d.polled.Load(), d.signals.Load(), d.wakeups.Load()))
 		}
