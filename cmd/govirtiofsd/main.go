@@ -182,6 +182,11 @@ func run(o *Options, stdout io.Writer) error {
 		if files, err = outsideFiles(o, ln, syslogConn); err != nil {
 			return err
 		}
+		profile, err := cpuProfileFile(o)
+		if err != nil {
+			return err
+		}
+		files = append(files, profile...)
 		if child {
 			ready, null, err := relayReady()
 			if err != nil {
@@ -244,6 +249,12 @@ func run(o *Options, stdout io.Writer) error {
 		log.Info("serving metrics", "addr", metricsLn.Addr().String())
 	}
 
+	stopProfile, err := startCPUProfile(in)
+	if err != nil {
+		return err
+	}
+	defer stopProfile()
+
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	go func() {
@@ -251,6 +262,7 @@ func run(o *Options, stdout io.Writer) error {
 		log.Info("signal received, exiting", "signal", s.String())
 		// Without closing the listeners: a failing Accept must not
 		// race this exit with an error.
+		stopProfile()
 		cleanup()
 		os.Exit(0)
 	}()

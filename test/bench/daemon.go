@@ -18,9 +18,10 @@ import (
 type Config struct {
 	Name  string
 	Ours  bool
-	Pool  int    // --thread-pool-size; <0: not passed (the daemon's default)
-	Rings int    // request rings the front end sets up
-	Bin   string // binary, if not SuiteOptions' (an A/B build of ours)
+	Pool  int      // --thread-pool-size; <0: not passed (the daemon's default)
+	Rings int      // request rings the front end sets up
+	Bin   string   // binary, if not SuiteOptions' (an A/B build of ours)
+	Extra []string // more arguments (SuiteOptions.ProfileDir)
 }
 
 // Label is a short column heading.
@@ -32,7 +33,7 @@ func (c Config) Args(sock, share string) []string {
 	if c.Pool >= 0 {
 		a = append(a, "--thread-pool-size="+strconv.Itoa(c.Pool))
 	}
-	return a
+	return append(a, c.Extra...)
 }
 
 // Daemon is a running back end.

@@ -25,12 +25,17 @@
 //   - nothing allocates on that path (TestNullDevice checks it), and an
 //     in-process null device (bench -null) measures the front end alone.
 //
-// A watchdog counts stalls: waits of half a second or more although the
-// awaited completions are in the used ring, split into notification
+// A watchdog counts stalls: one sleep of half a second or more although
+// the awaited completions are in the used ring, split into notification
 // withheld by the daemon (call eventfd not signalled, thread still in
 // read) and front end not scheduled (eventfd signalled). It never wakes
-// the front end itself; a daemon that loses a notification for good makes
-// the run fail after 15 s with the rings' state.
+// the front end itself; a daemon that loses a notification for good, or
+// stops serving, makes the run fail after 15 s with the rings' state as
+// both sides saw it.
+//
+// bench -profile DIR writes a Go CPU profile of our daemon per run
+// (GOVIRTIOFSD_CPUPROFILE, read by go tool pprof); our daemon then runs
+// with --seccomp none, as the profiler's timers are outside the allowlist.
 //
 // Per run it reports throughput, p50/p99 latency (submission to reap), the
 // CPU used by the daemon, the front end and everything else on the

@@ -71,6 +71,10 @@ type SuiteOptions struct {
 	// RunSpec.Interleave).
 	Interleave bool
 	OursEnv    []string
+	// ProfileDir, if set, gets a Go CPU profile of our daemon per run
+	// (CONFIG-WORKLOAD-N.pprof, for go tool pprof). Our daemon then runs
+	// with --seccomp none: the profiler's timers are outside the allowlist.
+	ProfileDir string
 	Out        io.Writer
 	Progress   io.Writer
 	// Hook, if set, runs at the start and end of each measurement with
@@ -192,7 +196,13 @@ func bufMiB(depth, size int) uint64 {
 
 // runOne starts c's daemon, connects, runs w and stops the daemon.
 func (o *SuiteOptions) runOne(c Config, w Workload, tag string) Cell {
-	d, err := StartDaemon(c, o.bin(c), o.Share, o.Dir, o.env(c))
+	env := o.env(c)
+	if o.ProfileDir != "" && c.Ours {
+		name := fmt.Sprintf("%s-%s-%s.pprof", c.Name, strings.NewReplacer(" ", "", ",", "-", "/", "-").Replace(w.Name), tag)
+		env = append(slices.Clip(env), "GOVIRTIOFSD_CPUPROFILE="+filepath.Join(o.ProfileDir, name))
+		c.Extra = append(slices.Clip(c.Extra), "--seccomp", "none")
+	}
+	d, err := StartDaemon(c, o.bin(c), o.Share, o.Dir, env)
 	if err != nil {
 		return Cell{Err: err}
 	}

@@ -43,6 +43,7 @@ func main() {
 	flag.BoolVar(&o.Raw, "raw", false, "experimental: sleep on the call eventfd with a raw read(2) (no Go scheduler hand-off; a GC waits for the next completion)")
 	flag.BoolVar(&o.Interleave, "interleave", false, "with several rings, send each file's sequential requests through every ring (default: ring i carries files i, i+rings, ..., as Linux keeps a job on its CPU's queue)")
 	cpuprofile := flag.String("cpuprofile", "", "write the front end's CPU profile here")
+	flag.StringVar(&o.ProfileDir, "profile", "", "write a Go CPU profile of our daemon per run into this directory (CONFIG-WORKLOAD-N.pprof; our daemon then runs with --seccomp none)")
 	oursEnv := flag.String("ours-env", "", "space-separated NAME=VALUE entries added to our daemon's environment (experiments)")
 	alt := flag.String("alt", "", "another build of ours, run with default settings as configurations \"alt\" and \"alt-2q\" (A/B comparisons in one run)")
 	null := flag.Bool("null", false, "measure the front end alone against an in-process null device, then exit")
