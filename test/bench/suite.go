@@ -358,7 +358,7 @@ func fmtDur(d time.Duration) string {
 
 func ringFiles(interleave bool) string {
 	if interleave {
-		return "each file's sequential requests go through both rings in turn (-interleave)"
+		return "every ring sends requests to every file (-interleave)"
 	}
 	return "ring 1 carries files 0 and 2, ring 2 files 1 and 3 (as Linux keeps a job on its CPU's queue)"
 }

@@ -402,7 +402,8 @@ type worker struct {
 	inflight int
 	rng      uint64
 	rr       int
-	rrStep   int
+	rrStep   int // rings that share the files: ring i carries files i, i+rrStep, ...
+	home     int // this ring's first file
 	unique   uint64
 	lat      hist
 	ops      uint64
@@ -443,7 +444,7 @@ func (w *worker) submit(s *slot) {
 			off = (rs.seq[f].Add(size) - size) % (rs.fileSize / size * size)
 		default:
 			r := w.rand()
-			f = int(r>>48) % len(rs.files)
+			f = w.home + int(r>>48)%(len(rs.files)/w.rrStep)*w.rrStep
 			off = (r & (1<<40 - 1)) % (rs.fileSize / size) * size
 		}
 		le.PutUint64(s.hdr[16:], rs.files[f].NodeID)
@@ -668,12 +669,13 @@ type RunSpec struct {
 	Spin   time.Duration
 	IrqDiv int
 	Raw    bool
-	// Interleave sends every ring's sequential requests to every file in
-	// turn. By default, with as many files as a multiple of the rings,
-	// ring i carries files i, i+rings, ... only: Linux maps a request to
-	// its submitting CPU's queue, so a fio job writing its own file stays
-	// on one queue, and one file written through several queues at once
-	// is the exception.
+	// Interleave sends every ring's requests to every file: sequential
+	// ones to each file in turn, random ones to a random file. By
+	// default, with as many files as a multiple of the rings, ring i
+	// carries files i, i+rings, ... only, sequential or random: Linux
+	// maps a request to its submitting CPU's queue, so a fio job writing
+	// its own file stays on one queue, and one file written through
+	// several queues at once is the exception.
 	Interleave bool
 	// Hooks run at the start and end of the measurement window (for
 	// daemon CPU and profiles).
@@ -722,7 +724,7 @@ func Run(t *Target, spec RunSpec) (*Result, error) {
 		wk := &worker{rs: rs, ring: r, rng: uint64(i)*0x9e3779b97f4a7c15 + 88172645463325252,
 			unique: uint64(i+1) << 48, rr: i, rrStep: 1}
 		if !spec.Interleave && len(rs.files)%nr == 0 {
-			wk.rrStep = nr
+			wk.rrStep, wk.home = nr, i
 		}
 		n := spec.Depth / nr
 		if i < spec.Depth%nr {

@@ -41,7 +41,7 @@ func main() {
 	flag.DurationVar(&o.Spin, "spin", 0, "poll the used ring this long before sleeping on the call eventfd")
 	flag.IntVar(&o.IrqDiv, "irq-div", 0, "ask for an interrupt after inflight/N completions (0: after the next one, as Linux does)")
 	flag.BoolVar(&o.Raw, "raw", false, "experimental: sleep on the call eventfd with a raw read(2) (no Go scheduler hand-off; a GC waits for the next completion)")
-	flag.BoolVar(&o.Interleave, "interleave", false, "with several rings, send each file's sequential requests through every ring (default: ring i carries files i, i+rings, ..., as Linux keeps a job on its CPU's queue)")
+	flag.BoolVar(&o.Interleave, "interleave", false, "with several rings, send requests to every file from every ring (default: ring i carries files i, i+rings, ..., sequential or random, as Linux keeps a job on its CPU's queue)")
 	cpuprofile := flag.String("cpuprofile", "", "write the front end's CPU profile here")
 	flag.StringVar(&o.ProfileDir, "profile", "", "write a Go CPU profile of our daemon per run into this directory (CONFIG-WORKLOAD-N.pprof; our daemon then runs with --seccomp none)")
 	oursEnv := flag.String("ours-env", "", "space-separated NAME=VALUE entries added to our daemon's environment (experiments)")
