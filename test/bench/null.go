@@ -32,11 +32,11 @@ type nullDevice struct {
 	// For a stalled run's report (Target.DeviceDiag).
 	signals, wakeups atomic.Uint64
 	polled           atomic.Uint32 // lastAvail when the device last went to sleep
-	// To test how a stalled run is reported: muteAfter, if set, is how
-	// many signals the device sends before it withholds every later one;
-	// freezeAfter, how many chains it serves before it serves no more.
-	muteAfter, freezeAfter atomic.Uint64
-	served                 uint64
+	// To test how a stalled run is reported: the device sends at most
+	// maxSignals signals and serves at most maxServed chains (-1: no
+	// limit, as NullTarget sets them).
+	maxSignals, maxServed atomic.Int64
+	served                int64
 }
 
 func (d *nullDevice) availIdx() uint16 {
@@ -71,8 +71,8 @@ func (d *nullDevice) run() {
 }
 
 func (d *nullDevice) frozen() bool {
-	f := d.freezeAfter.Load()
-	return f != 0 && d.served >= f
+	m := d.maxServed.Load()
+	return m >= 0 && d.served >= m
 }
 
 func (d *nullDevice) host(gpa uint64, n uint32) []byte {
@@ -88,13 +88,13 @@ func (d *nullDevice) drain() bool {
 	if d.frozen() {
 		return false
 	}
-	if f := d.freezeAfter.Load(); f != 0 && uint64(end-d.lastAvail) > f-d.served {
-		end = d.lastAvail + uint16(f-d.served)
+	if m := d.maxServed.Load(); m >= 0 && int64(end-d.lastAvail) > m-d.served {
+		end = d.lastAvail + uint16(m-d.served)
 	}
 	if end == d.lastAvail {
 		return false
 	}
-	d.served += uint64(end - d.lastAvail)
+	d.served += int64(end - d.lastAvail)
 	old := d.usedIdx
 	for ; d.lastAvail != end; d.lastAvail++ {
 		head := le.Uint16(d.avail[4+2*int(d.lastAvail&d.mask):])
@@ -137,7 +137,7 @@ func (d *nullDevice) drain() bool {
 	w := (*uint32)(unsafe.Pointer(&d.used[0]))
 	atomic.StoreUint32(w, atomic.LoadUint32(w)&0xffff|uint32(d.usedIdx)<<16)
 	if vmm.NeedEvent(d.usedEvent(), d.usedIdx, old) {
-		if m := d.muteAfter.Load(); m != 0 && d.signals.Load() >= m {
+		if m := d.maxSignals.Load(); m >= 0 && int64(d.signals.Load()) >= m {
 			return true
 		}
 		d.signals.Add(1)
@@ -189,6 +189,8 @@ func NullTarget(nrings int, queueSize uint16, bufMiB uint64) (*Target, func(), e
 		kick := r.kickFd
 		d := &nullDevice{mem: mem, desc: r.desc, avail: r.avail, used: r.used, size: r.size, mask: r.mask,
 			kick: kick, call: r.call, done: make(chan struct{})}
+		d.maxSignals.Store(-1)
+		d.maxServed.Store(-1)
 		t.null = append(t.null, d)
 		go d.run()
 	}
