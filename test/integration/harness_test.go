@@ -255,7 +255,11 @@ func (d *daemon) exited() bool {
 	}
 }
 
-// connect starts a device on the daemon (the QEMU 7.2 start-up flow).
+// connect starts a device on the daemon (the QEMU 7.2 start-up flow). The
+// flow ends with SET_VRING_CALLs that carry fds and get no reply; a
+// GET_FEATURES round trip after it means the message loop has handled
+// them, so a test's fd count never catches a new call fd before the close
+// of the one it replaces.
 func (d *daemon) connect(opts vmm.Options) *vmm.Device {
 	d.t.Helper()
 	dev, err := vmm.Start(d.sock, opts)
@@ -263,6 +267,9 @@ func (d *daemon) connect(opts vmm.Options) *vmm.Device {
 		d.t.Fatalf("vmm start: %v", err)
 	}
 	d.track(dev)
+	if _, err := dev.Conn.GetFeatures(); err != nil {
+		d.t.Fatalf("GET_FEATURES after start-up: %v", err)
+	}
 	return dev
 }
 
