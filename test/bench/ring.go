@@ -275,6 +275,9 @@ func (r *Ring) HasUsed() bool { return r.usedIdx() != r.lastUsed }
 // re-checks used.idx after that full barrier, and sleeps on the call
 // eventfd. batch must not exceed the requests in flight.
 func (r *Ring) Wait(batch int) error {
+	if r.aborted.Load() {
+		return errAborted
+	}
 	if r.HasUsed() {
 		return nil
 	}
@@ -331,19 +334,19 @@ func (r *Ring) Wait(batch int) error {
 			return err
 		}
 		r.Wakeups++
-		if r.HasUsed() {
-			return nil
-		}
 		if r.aborted.Load() {
 			return errAborted
+		}
+		if r.HasUsed() {
+			return nil
 		}
 	}
 }
 
 var errAborted = errors.New("bench: ring wait interrupted")
 
-// Interrupt makes Wait return errAborted, now or at its next sleep, unless
-// used elements are waiting (used to abort a run).
+// Interrupt makes Wait return errAborted, now and from then on (used to
+// abort a run).
 func (r *Ring) Interrupt() {
 	r.aborted.Store(true)
 	var b [8]byte

@@ -389,7 +389,6 @@ type runState struct {
 	phase    atomic.Int32
 	base     time.Time
 	hiprio   *hiprio
-	abort    atomic.Bool
 	irqDiv   int
 }
 
@@ -545,10 +544,6 @@ func (w *worker) loop() {
 		}
 		if err := w.ring.Wait(batch); err != nil {
 			w.err = err
-			return
-		}
-		if w.rs.abort.Load() {
-			w.err = errors.New("aborted")
 			return
 		}
 		now := w.rs.now()
@@ -877,7 +872,6 @@ func Run(t *Target, spec RunSpec) (*Result, error) {
 			return nil, fmt.Errorf("requests stuck until an extra kick (a lost kick?): %s", strings.Join(diag, "; "))
 		case <-time.After(min(stuck, 2*time.Second)):
 		}
-		rs.abort.Store(true)
 		for _, r := range append([]*Ring{t.Hiprio}, t.Rings...) {
 			if r != nil { // a null target has no hiprio ring
 				r.Interrupt()
