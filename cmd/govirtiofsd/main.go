@@ -182,7 +182,7 @@ func run(o *Options, stdout io.Writer) error {
 		if files, err = outsideFiles(o, ln, syslogConn); err != nil {
 			return err
 		}
-		profile, err := cpuProfileFile(o)
+		profile, err := cpuProfileFile(sbcfg.Seccomp)
 		if err != nil {
 			return err
 		}

@@ -19,13 +19,14 @@ const envCPUProfile = "GOVIRTIOFSD_CPUPROFILE"
 const fileCPUProfile = "cpuprofile" // the envCPUProfile file, handed into the sandbox
 
 // cpuProfileFile opens the envCPUProfile file, if one is asked for, in the
-// first process, where the host's paths are at hand.
-func cpuProfileFile(o *Options) ([]sandbox.File, error) {
+// first process, where the host's paths are at hand. seccomp is the mode the
+// sandbox will load.
+func cpuProfileFile(seccomp sandbox.SeccompMode) ([]sandbox.File, error) {
 	path := os.Getenv(envCPUProfile)
 	if path == "" {
 		return nil, nil
 	}
-	if mode, _ := sandbox.ParseSeccompMode(o.Seccomp); mode == sandbox.SeccompKill || mode == sandbox.SeccompTrap {
+	if seccomp == sandbox.SeccompKill || seccomp == sandbox.SeccompTrap {
 		return nil, fmt.Errorf("%s needs --seccomp none or log: the profiler's timers are outside the allowlist", envCPUProfile)
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
