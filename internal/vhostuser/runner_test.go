@@ -61,36 +61,38 @@ func (p *probe) reset() {
 
 type probeQueue struct{ p *probe }
 
-func (q probeQueue) read(in *bufvec.Vec) (node uint64, heavy bool, d time.Duration, ok bool) {
+func (q probeQueue) read(in *bufvec.Vec) (r probeRequest, ok bool) {
 	var b [16]byte
 	err := in.ReadFull(b[:])
 	in.Rewind()
 	if err != nil {
-		return 0, false, 0, false
+		return r, false
 	}
-	return binary.LittleEndian.Uint64(b[0:]), b[8] != 0, time.Duration(binary.LittleEndian.Uint32(b[12:])) * time.Microsecond, true
+	return probeRequest{node: binary.LittleEndian.Uint64(b[0:]), heavy: b[8] != 0, slow: b[9] != 0,
+		d: time.Duration(binary.LittleEndian.Uint32(b[12:])) * time.Microsecond}, true
+}
+
+// probeRequest is a decoded probe request.
+type probeRequest struct {
+	node        uint64
+	heavy, slow bool
+	d           time.Duration
 }
 
 func (q probeQueue) Classify(in *bufvec.Vec) (bool, uint64, bool) {
-	node, heavy, _, ok := q.read(in)
-	if !ok {
-		return false, 0, false
+	r, ok := q.read(in)
+	if !ok || !r.heavy {
+		return false, 0, r.slow
 	}
-	var b [16]byte
-	in.ReadFull(b[:]) // read could, so this can
-	in.Rewind()
-	slow := b[9] != 0
-	if !heavy {
-		return false, 0, slow
-	}
-	return true, node, slow
+	return true, r.node, r.slow
 }
 
 func (q probeQueue) Serve(in, out *bufvec.Vec) uint32 {
-	node, heavy, d, ok := q.read(in)
+	r, ok := q.read(in)
 	if !ok {
 		return 0
 	}
+	node, heavy, d := r.node, r.heavy, r.d
 	p := q.p
 	p.mu.Lock()
 	p.busy++
