@@ -130,6 +130,19 @@ func loadSeccomp(mode SeccompMode) (int, error) {
 		return 0, fmt.Errorf("seccomp: allowing unshare(CLONE_FS): %w", err)
 	}
 	n++
+	// The request rings' servers keep to their share of the CPUs
+	// (vhostuser's ringCPUs), each setting its own thread's affinity.
+	setaffinity, err := seccomp.GetSyscallFromName("sched_setaffinity")
+	if err != nil {
+		return 0, fmt.Errorf("seccomp: %w", err)
+	}
+	if cond, err = seccomp.MakeCondition(0, seccomp.CompareEqual, 0); err != nil {
+		return 0, fmt.Errorf("seccomp: %w", err)
+	}
+	if err := f.AddRuleConditional(setaffinity, seccomp.ActAllow, []seccomp.ScmpCondition{cond}); err != nil {
+		return 0, fmt.Errorf("seccomp: allowing sched_setaffinity(0): %w", err)
+	}
+	n++
 	if err := f.Load(); err != nil {
 		return 0, fmt.Errorf("seccomp: loading the filter: %w", err)
 	}

@@ -130,6 +130,8 @@ type Backend struct {
 	serving     atomic.Int32                        // servers holding a request, all rings (server.serving)
 	writers     [writersSize]atomic.Pointer[server] // servers writing a node, by writersIndex
 	stats       *[MaxRings]ringStats                // nil with Config.Metrics off
+	cpus        *unix.CPUSet                        // nil: one CPU, no placement (affinity.go)
+	plan        atomic.Pointer[cpuPlan]             // the rings' CPU shares, replaced by replanCPUs
 }
 
 // NewBackend returns a back end for cfg.
@@ -152,7 +154,7 @@ func NewBackend(cfg Config) (*Backend, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	b := &Backend{cfg: cfg, log: cfg.Logger}
+	b := &Backend{cfg: cfg, log: cfg.Logger, cpus: allCPUs()}
 	if cfg.Metrics {
 		b.stats = new([MaxRings]ringStats)
 	}

@@ -47,6 +47,7 @@ type slot struct {
 	// urgent: Classify said heavy or slow (every deferred write is
 	// heavy). Its reply is signalled at once (notifyBatch).
 	urgent bool
+	heavy  bool // Classify said heavy
 }
 
 // notifyBatch bounds how many cheap replies a server pushes before it
@@ -159,6 +160,14 @@ type server struct {
 	// to s; this ring's chains come first next, so a ring that keeps
 	// deferring cannot starve the one whose server it borrows.
 	ownTurn bool
+	// first: the ring's first server, kept to the ring's share of the
+	// CPUs while it serves small requests; placed: the plan its thread
+	// follows now; loose, cheap: it served a large request since, and
+	// how many small ones in a row (affinity.go).
+	first  bool
+	placed *cpuPlan
+	loose  bool
+	cheap  int
 
 	// deferMu guards node and backlog. Servers of every ring defer writes
 	// here, each holding its own ring's mu, so it is a leaf: no other lock
@@ -202,6 +211,7 @@ func startRunner(r *vring, q *virtqueue.Queue, kickFD int, slots []*slot) *runne
 		}
 		rn.kick = k
 	}
+	rn.servers[0].first = true // the one kept to the ring's CPUs (affinity.go)
 	rn.mu.Lock()
 	rn.startLocked(rn.servers[0])
 	rn.mu.Unlock()
@@ -328,6 +338,7 @@ func (s *server) run() {
 	// only after the thread that readied it hands it over to its own,
 	// two thread wake-ups instead of one.
 	runtime.LockOSThread()
+	s.place()
 	debug.SetPanicOnFault(true)
 	var cur *slot
 	defer func() {
@@ -362,6 +373,7 @@ func (s *server) run() {
 		if cur == nil {
 			return
 		}
+		s.follow(cur.heavy)
 		written := cur.handler.Serve(cur.chain.Readable, cur.chain.Writable)
 		// A cheap reply is signalled with its batch (next, notifyBatch),
 		// an urgent one at once. A write deferred from another ring, the
@@ -444,6 +456,7 @@ func (s *server) leaveLocked() {
 // that node, popped here or on another ring, is deferred to it.
 func (s *server) next(done *slot) *slot {
 	rn := s.rn
+	s.place()
 	if done != nil && done.rn != rn {
 		done.rn.giveBack(done, true, false) // before taking mu: one ring's lock at a time
 		done = nil
@@ -491,6 +504,7 @@ func (s *server) next(done *slot) *slot {
 			if sl.classify != nil {
 				heavy, node, slow = sl.classify.Classify(sl.chain.Readable)
 			}
+			sl.heavy = heavy
 			if sl.urgent = heavy || slow; sl.urgent {
 				s.signal() // replies already pushed must not wait for it
 			}
@@ -709,9 +723,11 @@ func (s *server) parkLocked() {
 	rn.idle = append(rn.idle, s)
 	rn.mu.Unlock()
 	s.signal()
+	s.unplace()
 	runtime.UnlockOSThread() // see run
 	<-s.wake
 	runtime.LockOSThread()
+	s.place()
 	rn.mu.Lock()
 }
 
@@ -744,6 +760,7 @@ func (s *server) watchLocked(noMemory bool) {
 			return
 		}
 	}
+	s.place() // rings may have started or stopped meanwhile
 	rn.mu.Lock()
 	rn.polling = false
 }

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
 	"github.com/govirtiofsd/govirtiofsd/test/vmm"
 )
@@ -28,6 +30,9 @@ type probe struct {
 	maxBusy  int
 	served   atomic.Int64
 	handlers atomic.Int64 // QueueHandler calls: one per request slot allocated
+	// cpus: the CPU set of the thread that served the last request of
+	// each ring and kind (affinity_test.go).
+	cpus map[probeKind]unix.CPUSet
 }
 
 // seen returns the overlap counts (under the lock: the rings carry no
@@ -59,7 +64,16 @@ func (p *probe) reset() {
 	p.overlap, p.maxBusy = 0, 0
 }
 
-type probeQueue struct{ p *probe }
+// probeKind is a ring and whether a request is heavy.
+type probeKind struct {
+	ring  int
+	heavy bool
+}
+
+type probeQueue struct {
+	p    *probe
+	ring int
+}
 
 func (q probeQueue) read(in *bufvec.Vec) (r probeRequest, ok bool) {
 	var b [16]byte
@@ -94,7 +108,12 @@ func (q probeQueue) Serve(in, out *bufvec.Vec) uint32 {
 	}
 	node, heavy, d := r.node, r.heavy, r.d
 	p := q.p
+	var cpus unix.CPUSet
+	cpusErr := unix.SchedGetaffinity(0, &cpus)
 	p.mu.Lock()
+	if cpusErr == nil {
+		p.cpus[probeKind{q.ring, heavy}] = cpus
+	}
 	p.busy++
 	p.maxBusy = max(p.maxBusy, p.busy)
 	if heavy && node != 0 {
@@ -130,10 +149,10 @@ func startProbe(t *testing.T, workers int) (*probe, *vmm.Device) {
 // Config.CPUs.
 func startProbeRings(t *testing.T, rings, workers, cpus int) (*probe, *vmm.Device) {
 	t.Helper()
-	p := &probe{inflight: map[uint64]int{}}
+	p := &probe{inflight: map[uint64]int{}, cpus: map[probeKind]unix.CPUSet{}}
 	b, err := NewBackend(Config{RequestQueues: rings, Tag: "probe", Workers: workers, CPUs: cpus,
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Handler: HandlerFunc(func(int) RequestHandler { p.handlers.Add(1); return probeQueue{p} })})
+		Handler: HandlerFunc(func(ring int) RequestHandler { p.handlers.Add(1); return probeQueue{p, ring} })})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -95,6 +95,7 @@ func (r *vring) resume() {
 		return
 	}
 	r.run = startRunner(r, r.queue, r.kickFD, r.slots)
+	r.b.replanCPUs()
 }
 
 // pause stops the serving goroutine and waits until every chain it popped
@@ -105,6 +106,7 @@ func (r *vring) pause() {
 	}
 	r.run.stop()
 	r.run = nil
+	r.b.replanCPUs()
 }
 
 // stop pauses the ring, records where it stopped and releases its Queue: the
