@@ -315,10 +315,6 @@ func parseSize(s string) (int64, error) {
 	return n * mult, nil
 }
 
-// reBootCrash matches a guest kernel that died on its own (TCG now and
-// then trips over an int3 while patching static keys at boot).
-var reBootCrash = regexp.MustCompile(`Kernel panic|Oops: `)
-
 // ready waits for the guest's first E2E-ASK. A guest whose kernel crashed
 // before it (nothing the daemon did: no workload has run) is booted again,
 // once, with a fresh daemon.

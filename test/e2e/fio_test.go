@@ -82,7 +82,7 @@ func runFio(t *testing.T, kind daemonKind, k guestKernel, matrix string) map[str
 	if matrix == "full" {
 		timeout = 8 * time.Minute
 	}
-	v := startVM(t, e.dir, vmConfig{Kernel: k, Sock: e.sock, Script: "fio", Timeout: timeout,
+	v := e.start(vmConfig{Script: "fio", Timeout: timeout,
 		Append: []string{"e2e.fiomatrix=" + matrix}})
 	v.waitExit()
 	e.daemonExit(v, true)

@@ -539,6 +539,38 @@ func startVM(t *testing.T, dir string, cfg vmConfig) *vm {
 	return v
 }
 
+// reBootCrash matches a guest kernel that died (TCG now and then trips
+// over an int3 while patching static keys at boot).
+var reBootCrash = regexp.MustCompile(`Kernel panic|Oops: `)
+
+// reDeviceCrash matches a guest crash whose instruction pointer or call
+// trace is in the shared file system's device or FUSE code (a frame is
+// function+offset; "Modules linked in: virtiofs fuse" is not one).
+var reDeviceCrash = regexp.MustCompile(`\b_*(virtio|virtqueue|vring|vp_|fuse)\w*\+0x[0-9a-f]+`)
+
+// bootCrash waits until the guest's init has run (E2E-BOOT), QEMU has
+// ended, or its timeout has passed, and returns the console's last lines
+// if the guest kernel crashed before its init ran, else "".
+func (v *vm) bootCrash() string {
+	deadline := time.Now().Add(v.timeout)
+	for time.Now().Before(deadline) {
+		lines := v.consoleLines()
+		if countMatches(lines, reBoot) > 0 {
+			return ""
+		}
+		if countMatches(lines, reBootCrash) > 0 || !v.running() {
+			if countMatches(lines, reBootCrash) == 0 {
+				return ""
+			}
+			// The Oops text follows its first line: let it arrive.
+			time.Sleep(time.Second)
+			return lastLines(v.consoleLines(), 40)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return ""
+}
+
 func (v *vm) readConsole(r io.Reader, f *os.File) {
 	defer f.Close()
 	br := bufio.NewReader(r)

@@ -80,8 +80,8 @@ func TestMultiqueueFio(t *testing.T) {
 func runMultiqueueFio(t *testing.T, k guestKernel, ph mqPhase) {
 	start := time.Now()
 	e := newEnv(t, ourDaemon, k, "--cache", "never", "--log-level", ph.logLevel)
-	v := startVM(t, e.dir, vmConfig{
-		Kernel: k, Sock: e.sock, Script: "mq-fio", Timeout: 3 * time.Minute,
+	v := e.start(vmConfig{
+		Script: "mq-fio", Timeout: 3 * time.Minute,
 		DeviceOpts: []string{"num-request-queues=" + strconv.Itoa(mqQueues)},
 		Append: []string{
 			"e2e.mqjobs=" + strconv.Itoa(mqJobs),

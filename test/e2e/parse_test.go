@@ -173,3 +173,29 @@ func TestSoakVerdict(t *testing.T) {
 		t.Errorf("one sample passed: %+v", st)
 	}
 }
+
+// TestBootCrashPatterns: a boot crash is retried only when nothing in its
+// trace is the shared file system's device or FUSE code.
+func TestBootCrashPatterns(t *testing.T) {
+	for _, tc := range []struct {
+		line          string
+		crash, device bool
+	}{
+		{"[    0.412345] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI", true, false},
+		{"[    0.412345] Kernel panic - not syncing: Fatal exception", true, false},
+		{"[    0.412345] RIP: 0010:sched_clock_cpu+0x10/0x1a0", false, false},
+		{"[    0.412345] Modules linked in: virtiofs fuse virtio_pci", false, false},
+		{"[    0.412345]  virtio_fs_probe+0x1a/0x30 [virtiofs]", false, true},
+		{"[    0.412345]  ? __virtqueue_add_split+0x5/0x10", false, true},
+		{"[    0.412345] RIP: 0010:vp_notify+0x12/0x20", false, true},
+		{"[    0.412345]  fuse_fill_super+0x40/0x90", false, true},
+		{"E2E-BOOT kernel=6.12.57 uptime=1.02", false, false},
+	} {
+		if got := reBootCrash.MatchString(tc.line); got != tc.crash {
+			t.Errorf("%q: crash %v, want %v", tc.line, got, tc.crash)
+		}
+		if got := reDeviceCrash.MatchString(tc.line); got != tc.device {
+			t.Errorf("%q: device crash %v, want %v", tc.line, got, tc.device)
+		}
+	}
+}

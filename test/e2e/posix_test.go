@@ -163,7 +163,7 @@ func runPosix(t *testing.T, kind daemonKind, k guestKernel) *posixRun {
 		f.Close()
 	}
 	start := time.Now()
-	v := startVM(t, e.dir, vmConfig{Kernel: k, Sock: e.sock, Script: "posix", Timeout: 8 * time.Minute,
+	v := e.start(vmConfig{Script: "posix", Timeout: 8 * time.Minute,
 		Append: []string{"e2e.posixmany=" + strconv.Itoa(posixMany()), "e2e.posixloop=" + strconv.Itoa(posixLoop()),
 			"e2e.posixlisting=" + strconv.Itoa(posixListing)}})
 	v.waitExit()
