@@ -130,8 +130,9 @@ func loadSeccomp(mode SeccompMode) (int, error) {
 		return 0, fmt.Errorf("seccomp: allowing unshare(CLONE_FS): %w", err)
 	}
 	n++
-	// The request rings' servers keep to their share of the CPUs
-	// (vhostuser's ringCPUs), each setting its own thread's affinity.
+	// Each running request ring's first server keeps its own thread to
+	// the ring's share of the CPUs (internal/vhostuser/affinity.go): pid 0,
+	// the calling thread, only.
 	setaffinity, err := seccomp.GetSyscallFromName("sched_setaffinity")
 	if err != nil {
 		return 0, fmt.Errorf("seccomp: %w", err)

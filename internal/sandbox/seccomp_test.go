@@ -1,0 +1,87 @@
+package sandbox
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// seccompChildEnv names the case a re-executed test binary runs under the
+// filter (TestSeccompConditionalRules).
+const seccompChildEnv = "GOVIRTIOFSD_SECCOMP_CHILD"
+
+// seccompCases are calls made under the filter with --seccomp kill: the
+// allowed ones print "allowed"; the others must kill the process first.
+var seccompCases = map[string]struct {
+	call    func() error
+	allowed bool
+}{
+	"setaffinity self": {func() error {
+		var set unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &set); err != nil {
+			return err
+		}
+		return unix.SchedSetaffinity(0, &set)
+	}, true},
+	"setaffinity parent": {func() error {
+		var set unix.CPUSet
+		set.Set(0)
+		return unix.SchedSetaffinity(os.Getppid(), &set)
+	}, false},
+	"unshare fs":    {func() error { return unix.Unshare(unix.CLONE_FS) }, true},
+	"unshare mount": {func() error { return unix.Unshare(unix.CLONE_NEWNS) }, false},
+}
+
+// TestSeccompConditionalRules: the two calls the filter allows only with
+// one argument value, unshare(CLONE_FS) and sched_setaffinity on the
+// calling thread, pass with it and kill the process with any other. Each
+// case runs in a re-executed test binary that loads the filter.
+func TestSeccompConditionalRules(t *testing.T) {
+	if name := os.Getenv(seccompChildEnv); name != "" {
+		runSeccompChild(name)
+		return
+	}
+	for name, c := range seccompCases {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestSeccompConditionalRules$")
+			cmd.Env = append(os.Environ(), seccompChildEnv+"="+name)
+			out, err := cmd.CombinedOutput()
+			got := strings.TrimSpace(string(out))
+			if c.allowed {
+				if err != nil || got != "allowed" {
+					t.Fatalf("want it allowed; exit %v, output %q", err, got)
+				}
+				return
+			}
+			ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+			if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGSYS {
+				t.Fatalf("want the process killed by SIGSYS; exit %v, output %q", err, got)
+			}
+		})
+	}
+}
+
+// runSeccompChild loads the filter, makes one call and exits: 0 with
+// "allowed" if the call was allowed, 1 on an error.
+func runSeccompChild(name string) {
+	c, ok := seccompCases[name]
+	if !ok {
+		fmt.Println("unknown case", name)
+		os.Exit(1)
+	}
+	if _, err := loadSeccomp(SeccompKill); err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	if err := c.call(); err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	fmt.Println("allowed")
+	os.Exit(0)
+}
