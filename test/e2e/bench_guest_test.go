@@ -206,7 +206,6 @@ func TestBenchGuest(t *testing.T) {
 		t.Cleanup(func() { os.RemoveAll(sockDir) })
 		sock := filepath.Join(sockDir, "vhost.sock")
 		r.boot = func() {
-			os.Remove(sock) // left by a daemon killed with its crashed guest
 			r.d = startDaemon(t, c.kind, sock, share, filepath.Join(r.dir, "daemon.log"), c.extra...)
 			r.v = startVM(t, r.dir, vmConfig{
 				Kernel: k, Sock: sock, Script: "bench", Timeout: total,
@@ -315,26 +314,16 @@ func parseSize(s string) (int64, error) {
 	return n * mult, nil
 }
 
-// ready waits for the guest's first E2E-ASK. A guest whose kernel crashed
-// before it (nothing the daemon did: no workload has run) is booted again,
-// once, with a fresh daemon.
+// ready waits for the guest's first E2E-ASK. A guest that died booting
+// (diedBooting) is booted again, once, with a fresh daemon.
 func (r *benchRun) ready(t *testing.T, timeout time.Duration) bool {
-	for try := 0; ; try++ {
-		deadline := time.Now().Add(timeout)
-		for r.v.running() && countMatches(r.v.consoleLines(), reAsk) == 0 && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond)
-		}
-		if try > 0 || countMatches(r.v.consoleLines(), reAsk) > 0 || countMatches(r.v.consoleLines(), reBootCrash) == 0 {
-			return r.next(time.Until(deadline))
-		}
-		t.Logf("%s: guest kernel crashed while booting; booting it again\n%s", r.cfg.name, lastLines(r.v.consoleLines(), 8))
-		r.v.kill()
-		r.d.kill()
-		if err := os.Rename(filepath.Join(r.dir, "console.log"), filepath.Join(r.dir, "console-crashed.log")); err != nil {
-			t.Logf("%s: keep the crashed console: %v", r.cfg.name, err)
-		}
+	deadline := time.Now().Add(timeout)
+	if r.v.diedBooting(timeout) {
+		discardBoot(t, r.dir, r.v, r.d)
 		r.boot()
+		deadline = time.Now().Add(timeout)
 	}
+	return r.next(time.Until(deadline))
 }
 
 // next waits for the guest's next E2E-ASK (it finished the previous

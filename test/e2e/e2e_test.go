@@ -92,35 +92,22 @@ func (e *env) boot(script string, allowReboot bool) *vm {
 }
 
 // start boots a guest on e's kernel and daemon. It returns once the
-// guest's init has run (or QEMU ended, or its timeout passed).
-//
-// A TCG guest kernel now and then dies on its own while it boots (an int3
-// Oops in sched_clock_cpu, as the kernel patches its static keys), before
-// its init runs and so before any FUSE request. Such a guest is booted
-// once more, with a fresh daemon: our daemon exits when the front end
-// goes. A crash that names virtio or FUSE is the daemon's business, and
-// so is a second crash: those are returned for the test to fail on.
+// guest's init has run (or QEMU ended, or its timeout passed). A guest
+// that died booting (diedBooting) is booted once more, with a fresh
+// daemon: ours exits when the front end goes.
 func (e *env) start(cfg vmConfig) *vm {
 	t := e.t
 	t.Helper()
 	cfg.Kernel, cfg.Sock = e.kernel, e.sock
-	for try := 0; ; try++ {
-		v := startVM(t, e.dir, cfg)
-		crash := v.bootCrash()
-		if crash == "" || try > 0 || reDeviceCrash.MatchString(crash) {
-			return v
-		}
-		t.Logf("guest kernel died while booting, before its init ran; booting it again with a fresh daemon\n%s", crash)
-		v.kill()
-		e.d.kill()
-		for _, name := range []string{"console.log", "daemon.log"} {
-			old := filepath.Join(e.dir, name)
-			if err := os.Rename(old, strings.TrimSuffix(old, ".log")+"-crashed.log"); err != nil {
-				t.Logf("keep the crashed boot's %s: %v", name, err)
-			}
-		}
-		e.d = startDaemon(t, e.kind, e.sock, e.shared, filepath.Join(e.dir, "daemon.log"), e.extra...)
+	v := startVM(t, e.dir, cfg)
+	if !v.diedBooting(v.timeout) {
+		return v
 	}
+	discardBoot(t, e.dir, v, e.d)
+	e.d = startDaemon(t, e.kind, e.sock, e.shared, filepath.Join(e.dir, "daemon.log"), e.extra...)
+	v = startVM(t, e.dir, cfg)
+	v.diedBooting(v.timeout) // a second crash is for the test to fail on
+	return v
 }
 
 // summarize logs boot times and the interesting daemon lines.

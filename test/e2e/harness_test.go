@@ -257,6 +257,7 @@ func (p *process) exitCode() int {
 type daemon struct {
 	*process
 	kind    daemonKind
+	sock    string
 	logPath string
 }
 
@@ -301,7 +302,7 @@ func startDaemon(t *testing.T, kind daemonKind, sock, shared, logPath string, ex
 	t.Cleanup(func() { f.Close() })
 	fmt.Fprintf(f, "# %s\n", strings.Join(cmd.Args, " "))
 	cmd.Stdout, cmd.Stderr = f, f
-	d := &daemon{process: startProcess(t, cmd), kind: kind, logPath: logPath}
+	d := &daemon{process: startProcess(t, cmd), kind: kind, sock: sock, logPath: logPath}
 	if kind == ourDaemon {
 		// Ours runs in its default sandbox (--seccomp kill): a system
 		// call outside the allowlist kills it, and its supervisor says
@@ -548,27 +549,53 @@ var reBootCrash = regexp.MustCompile(`Kernel panic|Oops: `)
 // function+offset; "Modules linked in: virtiofs fuse" is not one).
 var reDeviceCrash = regexp.MustCompile(`\b_*(virtio|virtqueue|vring|vp_|fuse)\w*\+0x[0-9a-f]+`)
 
-// bootCrash waits until the guest's init has run (E2E-BOOT), QEMU has
-// ended, or its timeout has passed, and returns the console's last lines
-// if the guest kernel crashed before its init ran, else "".
-func (v *vm) bootCrash() string {
-	deadline := time.Now().Add(v.timeout)
+// diedBooting waits up to timeout until the guest's init has run
+// (E2E-BOOT) or QEMU has ended, and reports whether the guest kernel died
+// before its init ran in a way worth one more boot: TCG guests now and then
+// trip over an int3 while patching static keys, before any FUSE request.
+// A crash in the device's or FUSE's code is the daemon's business: it is
+// not retried.
+func (v *vm) diedBooting(timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		lines := v.consoleLines()
 		if countMatches(lines, reBoot) > 0 {
-			return ""
+			return false
 		}
 		if countMatches(lines, reBootCrash) > 0 || !v.running() {
 			if countMatches(lines, reBootCrash) == 0 {
-				return ""
+				return false
 			}
-			// The Oops text follows its first line: let it arrive.
-			time.Sleep(time.Second)
-			return lastLines(v.consoleLines(), 40)
+			time.Sleep(time.Second) // the Oops text follows its first line
+			crash := lastLines(v.consoleLines(), 40)
+			if reDeviceCrash.MatchString(crash) {
+				return false
+			}
+			v.t.Logf("guest kernel died while booting, before its init ran, outside device and FUSE code\n%s", crash)
+			return true
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return ""
+	return false
+}
+
+// discardBoot ends a guest that died booting and its daemon, keeps their
+// logs in dir as console-crashed.log and daemon-crashed.log, and removes
+// the daemon's socket: startDaemon takes an existing socket for the new
+// daemon's.
+func discardBoot(t *testing.T, dir string, v *vm, d *daemon) {
+	t.Logf("booting the guest again with a fresh daemon")
+	v.kill()
+	d.kill()
+	for _, name := range []string{"console.log", "daemon.log"} {
+		old := filepath.Join(dir, name)
+		if err := os.Rename(old, strings.TrimSuffix(old, ".log")+"-crashed.log"); err != nil {
+			t.Logf("keep the crashed boot's %s: %v", name, err)
+		}
+	}
+	if err := os.Remove(d.sock); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
 }
 
 func (v *vm) readConsole(r io.Reader, f *os.File) {
