@@ -1,6 +1,9 @@
 package bench
 
 import (
+	"bytes"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -108,5 +111,56 @@ func TestStalledRunReported(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestCeiling: the machine's ceiling runs each 1 MiB workload's system
+// calls on the data files, writes really reach them, and a workload it
+// cannot measure or a missing file is an error.
+func TestCeiling(t *testing.T) {
+	dir := t.TempDir()
+	const fileSize = 4 << 20
+	old := bytes.Repeat([]byte{0xa5}, fileSize)
+	for i := range dataFiles {
+		if err := os.WriteFile(filepath.Join(dir, dataName(i)), old, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	measured := 0
+	for _, w := range DefaultWorkloads() {
+		if !HasCeiling(w) {
+			if _, err := Ceiling(dir, fileSize, w, 4, time.Millisecond); err == nil {
+				t.Errorf("%s: no error for a workload without a ceiling", w.Name)
+			}
+			continue
+		}
+		measured++
+		c, err := Ceiling(dir, fileSize, w, 4, 30*time.Millisecond)
+		if err != nil {
+			t.Fatalf("%s: %v", w.Name, err)
+		}
+		if c.One <= 0 || c.All <= 0 || c.CPUs != runtime.NumCPU() || c.Best() != max(c.One, c.All) {
+			t.Errorf("%s: %+v", w.Name, c)
+		}
+		if w.Kind == SeqWrite {
+			got, err := os.ReadFile(filepath.Join(dir, dataName(0)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bytes.Equal(got[:w.Size], old[:w.Size]) {
+				t.Errorf("%s: the first request's range of %s is unchanged", w.Name, dataName(0))
+			}
+		}
+	}
+	if measured != 4 {
+		t.Errorf("%d workloads with a ceiling, want the 4 of 1 MiB", measured)
+	}
+	w := DefaultWorkloads()[1]
+	if _, err := Ceiling(dir, uint64(w.Size/2), w, 4, time.Millisecond); err == nil {
+		t.Error("no error for files smaller than a request")
+	}
+	os.Remove(filepath.Join(dir, dataName(3)))
+	if _, err := Ceiling(dir, fileSize, w, 4, time.Millisecond); err == nil {
+		t.Errorf("%s: no error with %s missing", w.Name, dataName(3))
 	}
 }

@@ -37,6 +37,16 @@
 // (GOVIRTIOFSD_CPUPROFILE, read by go tool pprof); our daemon then runs
 // with --seccomp none, as the profiler's timers are outside the allowlist.
 //
+// Each round also measures the machine's ceiling for the 1 MiB workloads
+// (ceiling.go; -ceiling=false skips it): the daemon's own system call, one
+// pwritev or preadv of 256 4-KiB segments of a shared mapping laid out like
+// the front end's buffers, on the same data files, from 1 thread and from
+// one per CPU, with no front end and no daemon. Each configuration's rate
+// is then also given as a share of it: on a machine with few CPUs a 1 MiB
+// request is mostly the kernel's copy, so the share says how much of what
+// the machine allows a daemon delivers, and the ceiling's own swings from
+// round to round show how noisy the machine was.
+//
 // Per run it reports throughput, p50/p99 latency (submission to reap), the
 // CPU used by the daemon, the front end and everything else on the
 // machine (/proc/stat), kicks and sleeps per request; and per daemon the

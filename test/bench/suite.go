@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -71,6 +72,9 @@ type SuiteOptions struct {
 	// RunSpec.Interleave).
 	Interleave bool
 	OursEnv    []string
+	// Ceiling adds, per round, the machine's ceiling for each 1 MiB
+	// workload (ceiling.go).
+	Ceiling bool
 	// ProfileDir, if set, gets a Go CPU profile of our daemon per run
 	// (CONFIG-WORKLOAD-N.pprof, for go tool pprof). Our daemon then runs
 	// with --seccomp none: the profiler's timers are outside the allowlist.
@@ -96,6 +100,7 @@ type SuiteResult struct {
 	Idle      map[string]Mem
 	AfterLoad map[string]Mem
 	LoadRate  map[string]float64
+	Ceiling   map[string][]CeilingResult // workload -> rounds
 	Errors    []error
 }
 
@@ -278,7 +283,7 @@ func RunSuite(o SuiteOptions) (*SuiteResult, error) {
 	}
 	defer cleanup()
 	sr := &SuiteResult{Opts: o, Cells: map[string]map[string][]Cell{}, Idle: map[string]Mem{},
-		AfterLoad: map[string]Mem{}, LoadRate: map[string]float64{}}
+		AfterLoad: map[string]Mem{}, LoadRate: map[string]float64{}, Ceiling: map[string][]CeilingResult{}}
 	n := 0
 	for round := range o.Rounds {
 		for _, w := range o.Workloads {
@@ -302,6 +307,17 @@ func RunSuite(o SuiteOptions) (*SuiteResult, error) {
 					r.Lat.quantile(0.99).Round(time.Microsecond),
 					cell.DaemonCPU.Seconds()/el, r.FrontCPU.Seconds()/el, r.OtherCPU.Seconds()/el,
 					float64(r.Kicks)/float64(r.AllOps), float64(r.Sleeps)/float64(r.AllOps), float64(r.Spins)/float64(r.AllOps))
+			}
+			if o.Ceiling && HasCeiling(w) {
+				c, err := Ceiling(o.Share, o.FileSize, w, o.Depth, o.Duration)
+				if err != nil {
+					sr.Errors = append(sr.Errors, err)
+					fmt.Fprintf(o.Progress, "round %d  %-30s %-11s ERROR %v\n", round+1, w.Name, "ceiling", err)
+					continue
+				}
+				sr.Ceiling[w.Name] = append(sr.Ceiling[w.Name], c)
+				fmt.Fprintf(o.Progress, "round %d  %-30s %-11s %10.0f MB/s with 1 thread, %.0f MB/s with %d\n",
+					round+1, w.Name, "ceiling", c.One/1e6, c.All/1e6, c.CPUs)
 			}
 		}
 	}
@@ -405,6 +421,8 @@ func (sr *SuiteResult) Print(out io.Writer) {
 	}
 	tw.Flush()
 
+	sr.printCeiling(out)
+
 	fmt.Fprintf(out, "\nLatency p50 / p99 (submission to reap)\n\n")
 	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, strings.Join(hdr[:len(o.Configs)+1], "\t")+"\t")
@@ -499,4 +517,45 @@ func (sr *SuiteResult) Print(out io.Writer) {
 	for _, e := range sr.Errors {
 		fmt.Fprintf(out, "error: %v\n", e)
 	}
+}
+
+// printCeiling writes each 1 MiB workload's ceiling (the round with the
+// median best) and every configuration's share of it.
+func (sr *SuiteResult) printCeiling(out io.Writer) {
+	o := sr.Opts
+	if len(sr.Ceiling) == 0 {
+		return
+	}
+	cpus := 1
+	for _, rounds := range sr.Ceiling {
+		cpus = rounds[0].CPUs
+	}
+	fmt.Fprintf(out, "\nMachine ceiling: the same pwritev/preadv of 256 x 4 KiB segments (shuffled pages of %d buffers in a shared\n"+
+		"mapping) on the same files from 1 thread and from %d, with no front end and no daemon; the round with the median\n"+
+		"best. Then each configuration's rate as a share of the better of the two.\n\n", o.Depth, cpus)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	hdr := []string{"workload", "1 thread", fmt.Sprintf("%d threads", cpus)}
+	for _, c := range o.Configs {
+		hdr = append(hdr, c.Name)
+	}
+	fmt.Fprintln(tw, strings.Join(hdr, "\t")+"\t")
+	for _, w := range o.Workloads {
+		rounds := slices.Clone(sr.Ceiling[w.Name])
+		if len(rounds) == 0 {
+			continue
+		}
+		slices.SortFunc(rounds, func(a, b CeilingResult) int { return cmp.Compare(a.Best(), b.Best()) })
+		c := rounds[len(rounds)/2]
+		row := []string{w.Name, fmtRate(c.One/1e6, "MB/s"), fmtRate(c.All/1e6, "MB/s")}
+		for _, cfg := range o.Configs {
+			m := median(sr.Cells[w.Name][cfg.Name], w)
+			if m == nil {
+				row = append(row, "-")
+				continue
+			}
+			row = append(row, fmt.Sprintf("%.2f", m.Res.Rate(w)*1e6/c.Best()))
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	tw.Flush()
 }

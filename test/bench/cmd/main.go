@@ -36,6 +36,7 @@ func main() {
 	workloads := flag.String("workloads", "", "substrings selecting workloads, separated by | (default all)")
 	configs := flag.String("configs", "", "comma-separated configuration names (default all: ours,ours-2q,ours-pool1,ours-pool0,ref-pool0,ref-pool2,ref-pool1)")
 	flag.BoolVar(&o.RSS, "rss", true, "measure daemon memory")
+	flag.BoolVar(&o.Ceiling, "ceiling", true, "measure the machine's ceiling for the 1 MiB workloads (the daemon's system calls alone)")
 	flag.IntVar(&o.RSSDepth, "rss-depth", 64, "depth of the memory run")
 	flag.DurationVar(&o.RSSTime, "rss-duration", 2*time.Second, "length of the memory run")
 	flag.DurationVar(&o.Spin, "spin", 0, "poll the used ring this long before sleeping on the call eventfd")
