@@ -48,6 +48,9 @@ type slot struct {
 	// heavy). Its reply is signalled at once (notifyBatch).
 	urgent bool
 	heavy  bool // Classify said heavy
+	// behind is how many chains the ring's last snapshot held behind
+	// this one when it was popped (holdBehind).
+	behind uint16
 }
 
 // notifyBatch bounds how many cheap replies a server pushes before it
@@ -59,6 +62,16 @@ type slot struct {
 // with EVENT_IDX the guest asks for one whenever it has caught up, and
 // each one is an interrupt and a thread wake-up in the guest.
 const notifyBatch = 8
+
+// A heavy reply is signalled at once unless the guest has queued at least
+// holdBehind more chains behind its request: then its signal waits for the
+// next reply's, so a stream of large requests costs the guest one
+// interrupt (and the server one eventfd write and, on a busy machine, one
+// preemption by the woken guest thread) per two replies. At that depth the
+// guest still has work in flight when it hears of the first reply late,
+// by one request's service time; at lower depths, or before a slow
+// request, every reply is signalled at once. At most one reply is held.
+const holdBehind = 2
 
 // deferSlots is how many heavy writes a ring may hold back for the server
 // already writing their file, beyond one slot per server.
@@ -160,6 +173,9 @@ type server struct {
 	// to s; this ring's chains come first next, so a ring that keeps
 	// deferring cannot starve the one whose server it borrows.
 	ownTurn bool
+	// held: a heavy reply of this ring was pushed without a signal; the
+	// next signal of the ring covers it (holdBehind).
+	held bool
 	// first: the ring's first server, kept to the ring's share of the
 	// CPUs while it serves small requests; placed: the plan its thread
 	// follows now; loose, cheap: it served a large request since, and
@@ -380,15 +396,21 @@ func (s *server) run() {
 		// only chain of another ring a server serves and always urgent,
 		// goes back to its own.
 		from := cur.rn
-		if !cur.urgent {
+		switch {
+		case !cur.urgent:
 			rn.q.Push(cur.chain.Head, written)
 			s.unsignalled++
-		} else {
+		case from == rn && cur.heavy && cur.behind >= holdBehind && !s.held:
+			rn.q.Push(cur.chain.Head, written)
+			s.unsignalled++
+			s.held = true
+		default:
 			if err := from.q.PushNotify(cur.chain.Head, written); err != nil {
 				from.r.log().Warn("notify guest", "err", err)
 			}
 			if from == rn {
 				s.unsignalled = 0 // the decision covered them
+				s.held = false
 			}
 		}
 		from.completed()
@@ -472,7 +494,9 @@ func (s *server) next(done *slot) *slot {
 	for {
 		if !s.ownTurn {
 			if sl := s.takeDeferred(); sl != nil {
-				s.ownTurn = sl.rn != rn
+				if s.ownTurn = sl.rn != rn; s.ownTurn {
+					s.signal() // its reply goes to the other ring
+				}
 				s.served = true
 				s.setServing(true)
 				return sl
@@ -505,8 +529,16 @@ func (s *server) next(done *slot) *slot {
 				heavy, node, slow = sl.classify.Classify(sl.chain.Readable)
 			}
 			sl.heavy = heavy
-			if sl.urgent = heavy || slow; sl.urgent {
-				s.signal() // replies already pushed must not wait for it
+			sl.behind = rn.q.SeenAvail() - rn.q.LastAvail()
+			sl.urgent = heavy || slow
+			switch {
+			case s.held && heavy && !slow:
+				// The held reply is signalled with this one's.
+			case sl.urgent || s.held:
+				// Replies already pushed must not wait for an urgent
+				// request, nor a held one for anything but the next
+				// heavy request (holdBehind).
+				s.signal()
 			}
 			if node == 0 || node != s.node {
 				if s.unclaim() && node != 0 && s.claimLocked(sl, node) {
@@ -550,6 +582,7 @@ func (s *server) signal() {
 		return
 	}
 	s.unsignalled = 0
+	s.held = false
 	s.notify()
 }
 
@@ -747,7 +780,7 @@ func (s *server) watchLocked(noMemory bool) {
 	putMem(&rn.mem)
 	rn.polling = true
 	rn.mu.Unlock()
-	s.unsignalled = 0
+	s.unsignalled, s.held = 0, false
 	s.notify() // whatever any server pushed: the guest may sleep until it hears
 	if rn.kick == nil {
 		time.Sleep(pollInterval)

@@ -415,10 +415,11 @@ func TestStopWaitsForLentWrite(t *testing.T) {
 }
 
 // TestRepliesSignalledPerBatch: cheap replies are signalled once per batch
-// of notifyBatch (or at the end of what the server saw), not once each; a
-// heavy request's reply is signalled at once; and no reply is left
-// unsignalled (the front end collects replies only on interrupts, so a
-// missing signal is a timeout in submit).
+// of notifyBatch (or at the end of what the server saw), not once each;
+// heavy replies with more requests queued behind them at least every
+// second one (holdBehind); and no reply is left unsignalled (the front end
+// collects replies only on interrupts, so a missing signal is a timeout in
+// submit).
 func TestRepliesSignalledPerBatch(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -428,7 +429,7 @@ func TestRepliesSignalledPerBatch(t *testing.T) {
 		// A loaded machine only merges interrupts: the bounds below
 		// are loose where that could move them.
 		{"cheap", false, 1, 32/notifyBatch + 2},
-		{"heavy", true, 16, 32},
+		{"heavy", true, 8, 32/2 + holdBehind},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, d := startProbe(t, 0)
