@@ -27,10 +27,12 @@ import (
 // fails (a cpuset shrunk since) is ignored.
 
 // cpuPlan is one dealing of the CPUs, replaced whole whenever the set of
-// running rings changes (Backend.replanCPUs) and read without a lock.
+// running rings changes (Backend.replanCPUs) and read without a lock. It
+// also lists the running request rings' runners (streaming).
 type cpuPlan struct {
-	all   *unix.CPUSet           // the process's set when the back end was made
-	share [MaxRings]*unix.CPUSet // nil: the ring's servers run anywhere
+	all     *unix.CPUSet           // the process's set when the back end was made
+	share   [MaxRings]*unix.CPUSet // nil: the ring's servers run anywhere
+	runners []*runner              // running request rings, by index
 }
 
 // allCPUs returns the calling thread's CPU set when it has two CPUs or
@@ -74,16 +76,17 @@ func dealCPUs(all *unix.CPUSet, running []int) *cpuPlan {
 // replanCPUs deals the CPUs again for the rings running now. It runs on
 // the message loop, which alone starts and stops rings.
 func (b *Backend) replanCPUs() {
-	if b.cpus == nil {
-		return
-	}
 	var running []int
+	var runners []*runner
 	for i := 1; i < MaxRings; i++ {
 		if r := b.rings[i]; r != nil && r.run != nil {
 			running = append(running, i)
+			runners = append(runners, r.run)
 		}
 	}
-	b.plan.Store(dealCPUs(b.cpus, running))
+	p := dealCPUs(b.cpus, running)
+	p.runners = runners
+	b.plan.Store(p)
 }
 
 // place keeps the calling thread, locked to s, to the share the current

@@ -28,6 +28,8 @@ type probe struct {
 	overlap  int            // heavy writes to one node served side by side
 	busy     int            // requests in service
 	maxBusy  int
+	ringBusy [3]int // requests in service per ring (rings 0-2)
+	ringMax  [3]int
 	served   atomic.Int64
 	handlers atomic.Int64 // QueueHandler calls: one per request slot allocated
 	// cpus: the CPU set of the thread that served the last request of
@@ -62,6 +64,14 @@ func (p *probe) reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.overlap, p.maxBusy = 0, 0
+	p.ringMax = [3]int{}
+}
+
+// ringSeen returns the most requests ring had in service at once.
+func (p *probe) ringSeen(ring int) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ringMax[ring]
 }
 
 // probeKind is a ring and whether a request is heavy.
@@ -116,6 +126,10 @@ func (q probeQueue) Serve(in, out *bufvec.Vec) uint32 {
 	}
 	p.busy++
 	p.maxBusy = max(p.maxBusy, p.busy)
+	if q.ring < len(p.ringBusy) {
+		p.ringBusy[q.ring]++
+		p.ringMax[q.ring] = max(p.ringMax[q.ring], p.ringBusy[q.ring])
+	}
 	if heavy && node != 0 {
 		p.inflight[node]++
 		if p.inflight[node] > 1 {
@@ -126,6 +140,9 @@ func (q probeQueue) Serve(in, out *bufvec.Vec) uint32 {
 	time.Sleep(d)
 	p.mu.Lock()
 	p.busy--
+	if q.ring < len(p.ringBusy) {
+		p.ringBusy[q.ring]--
+	}
 	if heavy && node != 0 {
 		p.inflight[node]--
 	}
@@ -346,6 +363,77 @@ func TestServersBoundedByCPUs(t *testing.T) {
 			<-done
 			if _, maxBusy := p.seen(); maxBusy != tc.wantMax {
 				t.Errorf("%d requests in service at once, want %d", maxBusy, tc.wantMax)
+			}
+		})
+	}
+}
+
+// TestStreamingRingKeepsOthersToOneServer: while ring 2 streams heavy
+// requests, a batch of them on ring 1 wakes no extra server, though the
+// CPUs and the worker budget would allow one (othersStreaming); with ring
+// 2 idle, or carrying a heavy request only now and then, it does, even
+// right after one of those.
+func TestStreamingRingKeepsOthersToOneServer(t *testing.T) {
+	// Wide enough that a test machine's scheduling delays do not end a
+	// stream; ring 2's requests now and then come 3 windows apart.
+	defer func(w time.Duration) { streamWindow = w }(streamWindow)
+	streamWindow = 50 * time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		gap    time.Duration // between ring 2's heavy requests; 0: idle
+		stream bool
+	}{
+		{"streaming", 0, true},
+		{"idle", 0, false},
+		{"now and then", 3 * streamWindow, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Workers to spare: ring 2 keeps at most 2 busy.
+			p, d := startProbeRings(t, 2, 4, 8)
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			trickled := make(chan struct{}, 1000)
+			go func() {
+				defer close(done)
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					switch {
+					case tc.stream:
+						submitOn(t, d, 2, [][40]byte{request(100, true, 500*time.Microsecond),
+							request(101, true, 500*time.Microsecond)})
+						trickled <- struct{}{}
+					case tc.gap > 0:
+						submitOn(t, d, 2, [][40]byte{request(100, true, 0)})
+						trickled <- struct{}{}
+						time.Sleep(tc.gap)
+					default:
+						return
+					}
+				}
+			}()
+			switch {
+			case tc.stream:
+				<-trickled // two popped: ring 2 streams
+			case tc.gap > 0:
+				<-trickled
+				<-trickled // the batch goes out right after the second
+			}
+			// Two long requests: a second server, if the first pop wakes
+			// one, serves the second beside the first.
+			heavy := [][40]byte{request(1, true, 20*time.Millisecond), request(2, true, 20*time.Millisecond)}
+			submitOn(t, d, 1, heavy)
+			close(stop)
+			<-done
+			got := p.ringSeen(1)
+			if tc.stream && got != 1 {
+				t.Errorf("ring 1 served %d requests at once beside a streaming ring, want 1", got)
+			}
+			if !tc.stream && got != 2 {
+				t.Errorf("ring 1 served %d requests at once, want 2", got)
 			}
 		})
 	}
