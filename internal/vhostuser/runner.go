@@ -593,6 +593,9 @@ func (s *server) next(done *slot) *slot {
 			}
 			if node == 0 || node != s.node {
 				if s.unclaim() && node != 0 && s.claimLocked(sl, node) {
+					if s.held {
+						s.signal() // it was to ride with sl's reply
+					}
 					continue // deferred to the server writing node
 				}
 			}

@@ -395,7 +395,7 @@ func TestStreamingRingKeepsOthersToOneServer(t *testing.T) {
 			trickled := make(chan struct{}, 1000)
 			go func() {
 				defer close(done)
-				for i := 0; ; i++ {
+				for {
 					select {
 					case <-stop:
 						return
