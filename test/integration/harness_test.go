@@ -376,7 +376,29 @@ func (d *daemon) finish() {
 		d.t.Logf("daemon log:\n%s", d.log())
 	case d.t.Failed():
 		d.t.Logf("daemon log (last lines of %s):\n%s", d.logPath, d.tail(80))
+		if kept, err := d.keepLog(); err != nil {
+			d.t.Logf("cannot keep the whole daemon log: %v", err)
+		} else {
+			d.t.Logf("whole daemon log kept as %s", kept)
+		}
 	}
+}
+
+// keepLog copies the daemon's log out of the test's temporary directory,
+// which is removed even after a failure, into .cache/integration-logs at
+// the top of the repository: a rare failure's goroutine dump (written when
+// a daemon that will not exit is killed) is then still there to read.
+func (d *daemon) keepLog() (string, error) {
+	dir, err := filepath.Abs(filepath.Join("..", "..", ".cache", "integration-logs"))
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(d.t.Name()) + "-" + time.Now().Format("20060102-150405.000") + ".log"
+	path := filepath.Join(dir, name)
+	return path, os.WriteFile(path, []byte(d.log()), 0o644)
 }
 
 // log returns the daemon's whole stderr so far.
