@@ -3,7 +3,6 @@ package bench
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -11,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/govirtiofsd/govirtiofsd/test/vmm"
 )
 
 // The machine's ceiling for a 1 MiB workload.
@@ -75,16 +76,21 @@ func Ceiling(share string, fileSize uint64, w Workload, depth int, d time.Durati
 	if n := runtime.NumCPU(); n > 1 {
 		counts = append(counts, n)
 	}
-	// Guest memory as the front end lays it out: depth buffers of
-	// w.Size, their pages shuffled so that no two segments of a request
-	// are adjacent, dealt out among the threads.
+	// Guest memory as the front end makes and lays it out (test/vmm's
+	// shared memfd mapping, every page touched): depth buffers of w.Size,
+	// their pages shuffled so that no two segments of a request are
+	// adjacent, dealt out among the threads.
 	bufs := max(depth, counts[len(counts)-1])
 	pages := bufs * w.Size / ceilingSegment
-	mem, err := sharedMemory(pages * ceilingSegment)
+	gm, err := vmm.NewMemory([]vmm.RegionSpec{{Size: uint64(pages * ceilingSegment)}})
 	if err != nil {
-		return CeilingResult{}, err
+		return CeilingResult{}, fmt.Errorf("ceiling: %w", err)
 	}
-	defer unix.Munmap(mem)
+	defer gm.Close()
+	mem := gm.Regions()[0].Host()
+	for i := 0; i < len(mem); i += ceilingSegment {
+		mem[i] = byte(i >> 12)
+	}
 	order := rand.New(rand.NewPCG(1, 2)).Perm(pages)
 	segs := make([][]byte, pages)
 	for i, p := range order {
@@ -152,25 +158,4 @@ func Ceiling(share string, fileSize uint64, w Workload, depth int, d time.Durati
 		res.All = r
 	}
 	return res, nil
-}
-
-// sharedMemory maps size bytes of a memfd, shared and touched, as a
-// front end's guest memory is.
-func sharedMemory(size int) ([]byte, error) {
-	fd, err := unix.MemfdCreate("ceiling", unix.MFD_CLOEXEC)
-	if err != nil {
-		return nil, fmt.Errorf("ceiling: memfd: %w", err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		return nil, fmt.Errorf("ceiling: size memfd: %w", err)
-	}
-	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("ceiling: map memfd: %w", err)
-	}
-	for i := 0; i < size; i += os.Getpagesize() {
-		mem[i] = byte(i >> 12)
-	}
-	return mem, nil
 }
