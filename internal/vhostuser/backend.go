@@ -101,7 +101,7 @@ type Config struct {
 	// CPUs is how many servers may serve at once, across all rings,
 	// before an extra server is no longer woken: beyond that, servers only
 	// take turns on the CPUs. 0 means GOMAXPROCS (less what ring
-	// watchers add to it, see kickWatch). It never stops a ring's own
+	// watchers add to it, see reserveWatchers). It never stops a ring's own
 	// server.
 	CPUs int
 	// Metrics keeps per-ring counters for WriteMetrics.
@@ -148,6 +148,7 @@ func NewBackend(cfg Config) (*Backend, error) {
 	if cfg.CPUs <= 0 {
 		cfg.CPUs = procsWithoutWatchers()
 	}
+	reserveWatchers(1 + cfg.RequestQueues)
 	if len(cfg.Tag) > 36 {
 		return nil, fmt.Errorf("vhostuser: tag %q longer than 36 bytes", cfg.Tag)
 	}

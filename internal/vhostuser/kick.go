@@ -19,8 +19,9 @@ import (
 // With no idle P left, sysmon takes it away after 20 us and hands it to a
 // fresh thread, and the sleeper must win a P back when it wakes: on the
 // metadata cycle that was 61k context switches a second against 13k. So
-// every watcher adds one to GOMAXPROCS while its ring runs (watchers), and
-// the Ps the CPUs stand for stay free for the servers that work.
+// GOMAXPROCS has one P more than the CPUs for every ring a back end may
+// watch (reserveWatchers), and the Ps the CPUs stand for stay free for the
+// servers that work.
 type kickWatch struct {
 	kick int // our dup of the front end's kick eventfd
 	stop int // an eventfd of our own; written once, to end every wait
@@ -78,24 +79,34 @@ func (k *kickWatch) close() {
 	unix.Close(k.stop)
 }
 
-// watchers counts the kick watchers of the process, across back ends.
+// watchers is the process's reservation of Ps for kick watchers, across
+// back ends.
 var watchers struct {
 	sync.Mutex
-	n    int
-	base int // GOMAXPROCS before the first watcher
+	base     int // GOMAXPROCS before the first reservation: the CPUs
+	reserved int // Ps added: the most rings any back end may watch
 }
 
-// addWatcher grows (d = 1) or shrinks (d = -1) GOMAXPROCS by one watcher.
-// It runs when a ring starts or stops, never per request: changing
-// GOMAXPROCS stops the world for a moment.
-func addWatcher(d int) {
+// reserveWatchers makes room for n watchers, once per back end and never
+// when a ring starts or stops: changing GOMAXPROCS stops the world, and a
+// world stop on the message loop after a stopped ring's servers exited
+// had not completed after 10 s, twice in about 40,000 connections of the
+// bench's front end (GET_VRING_BASE unanswered, Go 1.26). A program with nothing but
+// goroutines locked to pinned threads (place) sleeping in ppoll and
+// exiting, and GOMAXPROCS changes around them, also lost one such
+// goroutine's wake-up for over 5 s; without the changes it did not. The Ps
+// only grow, to the most any back end of the process asked for: an unused
+// one costs nothing while the servers stay within Config.CPUs.
+func reserveWatchers(n int) {
 	watchers.Lock()
 	defer watchers.Unlock()
-	if watchers.n == 0 {
+	if watchers.reserved == 0 {
 		watchers.base = runtime.GOMAXPROCS(0)
 	}
-	watchers.n += d
-	runtime.GOMAXPROCS(watchers.base + watchers.n)
+	if n > watchers.reserved {
+		watchers.reserved = n
+		runtime.GOMAXPROCS(watchers.base + n)
+	}
 }
 
 // procsWithoutWatchers is GOMAXPROCS less what the watchers added: the CPUs
@@ -103,7 +114,7 @@ func addWatcher(d int) {
 func procsWithoutWatchers() int {
 	watchers.Lock()
 	defer watchers.Unlock()
-	if watchers.n > 0 {
+	if watchers.reserved > 0 {
 		return watchers.base
 	}
 	return runtime.GOMAXPROCS(0)

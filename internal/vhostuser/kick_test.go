@@ -63,21 +63,44 @@ func TestKickWatch(t *testing.T) {
 	<-waited
 }
 
-// TestWatchersAddProcs: each watcher adds one to GOMAXPROCS while it
-// lives, and Config.CPUs still counts the CPUs alone.
-func TestWatchersAddProcs(t *testing.T) {
-	base := runtime.GOMAXPROCS(0)
-	addWatcher(1)
-	addWatcher(1)
-	if got := runtime.GOMAXPROCS(0); got != base+2 {
-		t.Errorf("two watchers: GOMAXPROCS %d, want %d", got, base+2)
+// TestWatchersReserveProcs: a back end reserves a P for every ring it may
+// watch when it is made, GOMAXPROCS never shrinks or changes again for a
+// back end that needs no more, and Config.CPUs still counts the CPUs alone.
+// Starting and stopping rings must not change it: that stops the world on
+// the message loop (reserveWatchers).
+func TestWatchersReserveProcs(t *testing.T) {
+	base := procsWithoutWatchers()
+	want := base + max(watchers.reserved, 3)
+	if _, err := NewBackend(Config{Handler: HandlerFunc(func(int) RequestHandler { return echoHandler{} }), RequestQueues: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if got := runtime.GOMAXPROCS(0); got != want {
+		t.Errorf("back end with 3 rings: GOMAXPROCS %d, want %d", got, want)
+	}
+	if _, err := NewBackend(Config{Handler: HandlerFunc(func(int) RequestHandler { return echoHandler{} }), RequestQueues: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if got := runtime.GOMAXPROCS(0); got != want {
+		t.Errorf("then one with 2 rings: GOMAXPROCS %d, want %d", got, want)
 	}
 	if got := procsWithoutWatchers(); got != base {
 		t.Errorf("CPUs with watchers: %d, want %d", got, base)
 	}
-	addWatcher(-1)
-	addWatcher(-1)
-	if got := runtime.GOMAXPROCS(0); got != base {
-		t.Errorf("no watchers: GOMAXPROCS %d, want %d", got, base)
+	_, d := startProbeRings(t, 2, 1, 2) // rings 0-2 started: three watchers
+	want = runtime.GOMAXPROCS(0)
+	for range 3 {
+		at, err := d.StopQueue(2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := runtime.GOMAXPROCS(0); got != want {
+			t.Fatalf("ring 2 stopped: GOMAXPROCS %d, want %d", got, want)
+		}
+		if err := d.RestartQueue(2, at, false); err != nil {
+			t.Fatal(err)
+		}
+		if got := runtime.GOMAXPROCS(0); got != want {
+			t.Fatalf("ring 2 restarted: GOMAXPROCS %d, want %d", got, want)
+		}
 	}
 }

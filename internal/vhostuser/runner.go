@@ -228,8 +228,6 @@ func startRunner(r *vring, q *virtqueue.Queue, kickFD int, slots []*slot) *runne
 		k, err := newKickWatch(kickFD)
 		if err != nil {
 			r.log().Warn("cannot watch kick fd; polling the ring", "err", err)
-		} else {
-			addWatcher(1)
 		}
 		rn.kick = k
 	}
@@ -260,7 +258,6 @@ func (rn *runner) stop() {
 	putMem(&rn.mem)
 	if rn.kick != nil {
 		rn.kick.close()
-		addWatcher(-1)
 	}
 }
 
