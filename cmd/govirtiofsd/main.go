@@ -128,6 +128,7 @@ func run(o *Options, stdout io.Writer) error {
 	// daemon, or the daemon itself with --sandbox none (inside a sandbox
 	// the paths would name files of the share).
 	var files []sandbox.File
+	var sigs chan os.Signal
 	cleanup := func() {}
 	if first {
 		if st, err := os.Stat(o.SharedDir); err != nil {
@@ -140,6 +141,15 @@ func run(o *Options, stdout io.Writer) error {
 			if o.SocketPath, err = filepath.Abs(o.SocketPath); err != nil {
 				return fmt.Errorf("--socket-path: %w", err)
 			}
+		}
+		if sbcfg.Mode == sandbox.None && (!o.Daemonize || child) {
+			// This process is the daemon: from the moment the socket
+			// exists a SIGTERM must remove it, not kill us with it
+			// left behind. The signal waits in sigs until the daemon
+			// reads it. (A sandbox's supervisor registers them when
+			// it starts the daemon.)
+			sigs = make(chan os.Signal, 1)
+			signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 		}
 		var ln *net.UnixListener
 		var lock *pidLock
@@ -255,8 +265,12 @@ func run(o *Options, stdout io.Writer) error {
 	}
 	defer stopProfile()
 
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	if sigs == nil {
+		// A sandboxed daemon: its supervisor passes them on
+		// (sandbox.supervise).
+		sigs = make(chan os.Signal, 1)
+		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	}
 	go func() {
 		s := <-sigs
 		log.Info("signal received, exiting", "signal", s.String())

@@ -247,6 +247,39 @@ func TestSyslog(t *testing.T) {
 	}
 }
 
+// TestSIGTERMAsSoonAsTheSocketExists: a front end (or systemd) may stop the
+// daemon the moment its socket appears; the daemon must still exit 0 and
+// remove the socket and its pid file, not die of the signal's default
+// action with both left behind.
+func TestSIGTERMAsSoonAsTheSocketExists(t *testing.T) {
+	for i := range 10 {
+		dir := t.TempDir()
+		sock := filepath.Join(dir, "v.sock")
+		cmd := daemonCmd("--socket-path", sock, "--shared-dir", dir)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			if _, err := os.Lstat(sock); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				cmd.Process.Kill()
+				t.Fatalf("run %d: %s did not appear", i, sock)
+			}
+		}
+		cmd.Process.Signal(syscall.SIGTERM)
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("run %d: SIGTERM at once: exit %v, want 0", i, err)
+		}
+		for _, p := range []string{sock, sock + ".pid"} {
+			if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("run %d: %s left behind (%v)", i, p, err)
+			}
+		}
+	}
+}
+
 // TestSyslogUnreachable: with no syslog socket the daemon says so and logs
 // to stderr instead of failing (Kata passes --syslog everywhere).
 func TestSyslogUnreachable(t *testing.T) {
@@ -259,7 +292,12 @@ func TestSyslogUnreachable(t *testing.T) {
 	cmd.Start()
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	waitSocket(t, sock)
-	time.Sleep(50 * time.Millisecond)
+	// The socket exists before the daemon is ready to serve it.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if strings.Contains(stderr.String(), "waiting for vhost-user connection") {
+			break
+		}
+	}
 	if !strings.Contains(stderr.String(), "logging to stderr") || !strings.Contains(stderr.String(), "waiting for vhost-user connection") {
 		t.Errorf("stderr %q", stderr.String())
 	}
