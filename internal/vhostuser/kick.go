@@ -91,12 +91,12 @@ var watchers struct {
 // when a ring starts or stops: changing GOMAXPROCS stops the world, and a
 // world stop on the message loop after a stopped ring's servers exited
 // had not completed after 10 s, twice in about 40,000 connections of the
-// bench's front end (GET_VRING_BASE unanswered, Go 1.26). A program with nothing but
-// goroutines locked to pinned threads (place) sleeping in ppoll and
-// exiting, and GOMAXPROCS changes around them, also lost one such
-// goroutine's wake-up for over 5 s; without the changes it did not. The Ps
-// only grow, to the most any back end of the process asked for: an unused
-// one costs nothing while the servers stay within Config.CPUs.
+// bench's front end (GET_VRING_BASE unanswered, Go 1.26). A program with
+// nothing but goroutines locked to pinned threads (place) sleeping in
+// ppoll and exiting, and GOMAXPROCS changes around them, also lost one
+// such goroutine's wake-up for over 5 s; without the changes it did not.
+// The Ps only grow, to the most any back end of the process asked for: an
+// unused one costs nothing while the servers stay within Config.CPUs.
 func reserveWatchers(n int) {
 	watchers.Lock()
 	defer watchers.Unlock()
