@@ -90,7 +90,7 @@ var watchers struct {
 // reserveWatchers makes room for n watchers, once per back end and never
 // when a ring starts or stops: changing GOMAXPROCS stops the world, and a
 // world stop on the message loop after a stopped ring's servers exited
-// had not completed after 10 s, twice in about 40,000 connections of the
+// had not completed after 10 s, twice in about 56,000 connections of the
 // bench's front end (GET_VRING_BASE unanswered, Go 1.26). A program with
 // nothing but goroutines locked to pinned threads (place) sleeping in
 // ppoll and exiting, and GOMAXPROCS changes around them, also lost one
