@@ -2,6 +2,7 @@ package vhostuser
 
 import (
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,9 +72,7 @@ func TestKickWatch(t *testing.T) {
 func TestWatchersReserveProcs(t *testing.T) {
 	base := procsWithoutWatchers()
 	want := base + max(watchers.reserved, 3)
-	if _, err := NewBackend(Config{Handler: HandlerFunc(func(int) RequestHandler { return echoHandler{} }), RequestQueues: 2}); err != nil {
-		t.Fatal(err)
-	}
+	newTestBackend(t, "") // 2 request queues
 	if got := runtime.GOMAXPROCS(0); got != want {
 		t.Errorf("back end with 3 rings: GOMAXPROCS %d, want %d", got, want)
 	}
@@ -82,6 +81,13 @@ func TestWatchersReserveProcs(t *testing.T) {
 	}
 	if got := runtime.GOMAXPROCS(0); got != want {
 		t.Errorf("then one with 2 rings: GOMAXPROCS %d, want %d", got, want)
+	}
+	long := strings.Repeat("t", 37)
+	if _, err := NewBackend(Config{Handler: HandlerFunc(func(int) RequestHandler { return echoHandler{} }), RequestQueues: 8, Tag: long}); err == nil {
+		t.Fatal("a 37-byte tag was accepted")
+	}
+	if got := runtime.GOMAXPROCS(0); got != want {
+		t.Errorf("after a refused back end with 9 rings: GOMAXPROCS %d, want %d", got, want)
 	}
 	if got := procsWithoutWatchers(); got != base {
 		t.Errorf("CPUs with watchers: %d, want %d", got, base)
