@@ -148,8 +148,7 @@ func run(o *Options, stdout io.Writer) error {
 			// left behind. The signal waits in sigs until the daemon
 			// reads it. (A sandbox's supervisor registers them when
 			// it starts the daemon.)
-			sigs = make(chan os.Signal, 1)
-			signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+			sigs = exitSignals()
 		}
 		var ln *net.UnixListener
 		var lock *pidLock
@@ -268,8 +267,7 @@ func run(o *Options, stdout io.Writer) error {
 	if sigs == nil {
 		// A sandboxed daemon: its supervisor passes them on
 		// (sandbox.supervise).
-		sigs = make(chan os.Signal, 1)
-		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+		sigs = exitSignals()
 	}
 	go func() {
 		s := <-sigs
@@ -301,6 +299,14 @@ func run(o *Options, stdout io.Writer) error {
 }
 
 // listenerFromFD adopts an inherited, listening unix socket.
+// exitSignals registers for the signals that end the daemon; from then on
+// they wait in the channel instead of killing the process.
+func exitSignals() chan os.Signal {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	return sigs
+}
+
 func listenerFromFD(fd int, what string) (*net.UnixListener, error) {
 	return unixListener(os.NewFile(uintptr(fd), "vhost-user-listener"), fmt.Sprintf("%s (fd %d)", what, fd))
 }
