@@ -151,7 +151,6 @@ func NewBackend(cfg Config) (*Backend, error) {
 	if len(cfg.Tag) > 36 {
 		return nil, fmt.Errorf("vhostuser: tag %q longer than 36 bytes", cfg.Tag)
 	}
-	reserveWatchers(1 + cfg.RequestQueues) // last: a refused config changes nothing
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}

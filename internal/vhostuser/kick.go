@@ -19,8 +19,8 @@ import (
 // With no idle P left, sysmon takes it away after 20 us and hands it to a
 // fresh thread, and the sleeper must win a P back when it wakes: on the
 // metadata cycle that was 61k context switches a second against 13k. So
-// GOMAXPROCS has one P more than the CPUs for every ring a back end may
-// watch (reserveWatchers), and the Ps the CPUs stand for stay free for the
+// GOMAXPROCS has one P more than the CPUs for every ring started
+// (reserveWatchers), and the Ps the CPUs stand for stay free for the
 // servers that work.
 type kickWatch struct {
 	kick int // our dup of the front end's kick eventfd
@@ -87,16 +87,23 @@ var watchers struct {
 	reserved int // Ps added: the most rings any back end may watch
 }
 
-// reserveWatchers makes room for n watchers, once per back end and never
-// when a ring starts or stops: changing GOMAXPROCS stops the world, and a
-// world stop on the message loop after a stopped ring's servers exited
-// had not completed after 10 s, twice in about 56,000 connections of the
-// bench's front end (GET_VRING_BASE unanswered, Go 1.26). A program with
-// nothing but goroutines locked to pinned threads (place) sleeping in
-// ppoll and exiting, and GOMAXPROCS changes around them, also lost one
-// such goroutine's wake-up for over 5 s; without the changes it did not.
-// The Ps only grow, to the most any back end of the process asked for: an
-// unused one costs nothing while the servers stay within Config.CPUs.
+// reserveWatchers makes room for n watchers: rings 0 to n-1. It is called
+// when a ring is first started (vring.start), never when one stops, and
+// the Ps only grow, to the most rings any back end of the process started:
+// changing GOMAXPROCS stops the world, and a world stop on the message loop
+// after a stopped ring's servers exited had not completed after 10 s, twice
+// in about 56,000 connections of the bench's front end (GET_VRING_BASE
+// unanswered, Go 1.26), when every start and stop changed it. A program
+// with nothing but goroutines locked to pinned threads (place) sleeping in
+// ppoll and exiting, and GOMAXPROCS changes around them, also lost one such
+// goroutine's wake-up for over 5 s; without the changes it did not. A
+// front end that negotiated PROTOCOL_FEATURES (QEMU) sets up every ring
+// before it enables the first, so the few changes left come before any
+// server runs.
+//
+// Not reserved up front for every ring a back end may have: each P has its
+// own allocation caches and garbage collector worker, and the default 255
+// request queues took the idle daemon from 3 to 10 MiB of anonymous memory.
 func reserveWatchers(n int) {
 	watchers.Lock()
 	defer watchers.Unlock()

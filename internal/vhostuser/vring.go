@@ -78,6 +78,7 @@ func (r *vring) start() error {
 	}
 	q.SetCall(r.callFD)
 	r.queue = q
+	reserveWatchers(r.index + 1)
 	if len(r.slots) == 0 || r.slots[0].chain.Cap() != int(r.num) {
 		// One slot to start with: the others cost about 150 KiB each
 		// at queue size 1024 and only a ring that wakes a second server
