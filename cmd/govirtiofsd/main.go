@@ -31,7 +31,17 @@ import (
 var version = "0.1.0-dev"
 
 func main() {
-	if err := newCommand().Execute(); err != nil {
+	// First of all, before the flags are parsed: from here on a SIGTERM,
+	// SIGINT or SIGHUP waits in stop until the daemon, or the supervisor
+	// of a sandboxed one (sandbox.Config.Signals), reads it, instead of
+	// ending the process by the default action. A front end may stop the
+	// daemon the moment its socket appears, and the socket and pid file
+	// must then go too. A stage of a sandboxed daemon that is its PID
+	// namespace's init and gets one before it registers exits with status
+	// 2 (the Go runtime's answer to a signal it cannot die of), which the
+	// supervisor then takes for the stop it asked for.
+	stop := exitSignals()
+	if err := newCommand(stop).Execute(); err != nil {
 		var exit *sandbox.Exit
 		if errors.As(err, &exit) {
 			os.Exit(exit.Code) // the sandboxed daemon's status, already reported
@@ -41,7 +51,9 @@ func main() {
 	}
 }
 
-func newCommand() *cobra.Command {
+// newCommand returns the command line; stop carries the exit signals
+// (exitSignals), nil where the command is only parsed.
+func newCommand(stop chan os.Signal) *cobra.Command {
 	o := &Options{FD: -1, Queues: vhostuser.MaxRings - 1, LogLevel: "info", Cache: "auto", InodeFileHandles: "never",
 		ThreadPoolSize: -1, RlimitNofile: -1}
 	cmd := &cobra.Command{
@@ -50,7 +62,7 @@ func newCommand() *cobra.Command {
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		RunE:          func(cmd *cobra.Command, args []string) error { return run(o, cmd.OutOrStdout()) },
+		RunE:          func(cmd *cobra.Command, args []string) error { return run(o, cmd.OutOrStdout(), stop) },
 	}
 	cmd.SetVersionTemplate("") // -V is ours
 	registerFlags(cmd.Flags(), o)
@@ -76,7 +88,7 @@ const (
 	childLockFD    = 5                        // the pid file lock, with --socket-path
 )
 
-func run(o *Options, stdout io.Writer) error {
+func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 	if o.Version {
 		fmt.Fprintf(stdout, "govirtiofsd %s\n", version)
 		return nil
@@ -113,6 +125,18 @@ func run(o *Options, stdout io.Writer) error {
 		return err
 	}
 	child := os.Getenv(envDaemonChild) == "1"
+	if first && o.Daemonize && !child {
+		// The --daemonize parent only waits for the daemon to be
+		// ready: a signal ends it by the default action. One that came
+		// already ends it before it creates anything.
+		signal.Stop(sigs)
+		select {
+		case <-sigs:
+			return nil
+		default:
+		}
+		sigs = nil
+	}
 	if first && (!o.Daemonize || child) {
 		for _, n := range o.notes {
 			log.Info(n)
@@ -122,13 +146,13 @@ func run(o *Options, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	sbcfg.Signals = sigs
 
 	// The first process creates the sockets and holds the pid lock; it
 	// removes them when the daemon is gone: the supervisor of a sandboxed
 	// daemon, or the daemon itself with --sandbox none (inside a sandbox
 	// the paths would name files of the share).
 	var files []sandbox.File
-	var sigs chan os.Signal
 	cleanup := func() {}
 	if first {
 		if st, err := os.Stat(o.SharedDir); err != nil {
@@ -141,14 +165,6 @@ func run(o *Options, stdout io.Writer) error {
 			if o.SocketPath, err = filepath.Abs(o.SocketPath); err != nil {
 				return fmt.Errorf("--socket-path: %w", err)
 			}
-		}
-		if sbcfg.Mode == sandbox.None && (!o.Daemonize || child) {
-			// This process is the daemon: from the moment the socket
-			// exists a SIGTERM must remove it, not kill us with it
-			// left behind. The signal waits in sigs until the daemon
-			// reads it. (A sandbox's supervisor registers them when
-			// it starts the daemon.)
-			sigs = exitSignals()
 		}
 		var ln *net.UnixListener
 		var lock *pidLock
@@ -264,11 +280,6 @@ func run(o *Options, stdout io.Writer) error {
 	}
 	defer stopProfile()
 
-	if sigs == nil {
-		// A sandboxed daemon: its supervisor passes them on
-		// (sandbox.supervise).
-		sigs = exitSignals()
-	}
 	go func() {
 		s := <-sigs
 		log.Info("signal received, exiting", "signal", s.String())
@@ -298,7 +309,6 @@ func run(o *Options, stdout io.Writer) error {
 	return nil
 }
 
-// listenerFromFD adopts an inherited, listening unix socket.
 // exitSignals registers for the signals that end the daemon; from then on
 // they wait in the channel instead of killing the process.
 func exitSignals() chan os.Signal {
@@ -307,6 +317,7 @@ func exitSignals() chan os.Signal {
 	return sigs
 }
 
+// listenerFromFD adopts an inherited, listening unix socket.
 func listenerFromFD(fd int, what string) (*net.UnixListener, error) {
 	return unixListener(os.NewFile(uintptr(fd), "vhost-user-listener"), fmt.Sprintf("%s (fd %d)", what, fd))
 }

@@ -235,7 +235,7 @@ var parseCases = []struct {
 
 // newCommandOptions returns the Options newCommand binds its flags to.
 func newCommandOptions() *Options {
-	cmd := newCommand()
+	cmd := newCommand(nil)
 	var o *Options
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
 		if fv, ok := f.Value.(*flagValue); ok && o == nil {

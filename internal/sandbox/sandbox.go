@@ -15,8 +15,9 @@
 //	supervisor  the process as started: opens everything outside the
 //	            share (the vhost-user socket, ...), starts the next stage
 //	            in new mount, pid, net, ipc and uts namespaces (namespace)
-//	            or none (chroot), forwards SIGTERM/SIGINT/SIGHUP, removes
-//	            what it created and exits with the daemon's status
+//	            or none (chroot), forwards SIGTERM/SIGINT/SIGHUP (until
+//	            the daemon ends: stopDaemon), removes what it created and
+//	            exits with the daemon's status
 //	userns      unprivileged only: in a new user namespace, waits for the
 //	            supervisor to write the id maps, then execs itself to gain
 //	            its capabilities there
@@ -48,7 +49,9 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -97,6 +100,11 @@ type Config struct {
 	// user namespace with these maps (required when not root).
 	UIDMaps, GIDMaps []IDMap
 	Log              *slog.Logger
+	// Signals, if not nil, carries the signals that stop the daemon
+	// (SIGTERM, SIGINT, SIGHUP), registered by the caller before it made
+	// anything the supervisor must remove; otherwise the supervisor
+	// registers them itself when it starts.
+	Signals <-chan os.Signal
 }
 
 // File is a file opened outside the sandbox and handed in by fd.
@@ -231,7 +239,8 @@ func closeFiles(files []File) {
 
 // supervise starts the first confined stage with files and waits for the
 // daemon to exit, forwarding termination signals. It returns the daemon's
-// exit status, 128+n if it was killed by signal n.
+// exit status, 128+n if it was killed by signal n, and 0 if it ended by a
+// termination signal (stopDaemon) or one came before it was started.
 func supervise(cfg Config, files []File) (int, error) {
 	// The child's parent-death signal fires when the thread that started
 	// it exits: keep this one until the child is gone.
@@ -271,9 +280,19 @@ func supervise(cfg Config, files []File) (int, error) {
 			cmd.SysProcAttr.Cloneflags |= unix.CLONE_NEWUSER
 		}
 	}
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-	defer signal.Stop(sigs)
+	sigs := cfg.Signals
+	if sigs == nil {
+		own := make(chan os.Signal, 1)
+		signal.Notify(own, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+		defer signal.Stop(own)
+		sigs = own
+	}
+	select {
+	case s := <-sigs:
+		cfg.Log.Info("signal received before the daemon started; not starting it", "signal", s.String())
+		return 0, nil
+	default:
+	}
 	if err := cmd.Start(); err != nil {
 		return 0, fmt.Errorf("sandbox: starting the %s sandbox: %w", cfg.Mode, err)
 	}
@@ -294,14 +313,13 @@ func supervise(cfg Config, files []File) (int, error) {
 	cfg.Log.Debug("sandboxed daemon started", "pid", cmd.Process.Pid, "sandbox", cfg.Mode.String())
 
 	done := make(chan struct{})
+	var stopped atomic.Bool
 	go func() {
-		for {
-			select {
-			case s := <-sigs:
-				cmd.Process.Signal(s)
-			case <-done:
-				return
-			}
+		select {
+		case s := <-sigs:
+			stopped.Store(true)
+			stopDaemon(cmd.Process, s, sigs, done, cfg.Log)
+		case <-done:
 		}
 	}()
 	err := cmd.Wait()
@@ -309,6 +327,14 @@ func supervise(cfg Config, files []File) (int, error) {
 	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
 	if !ok {
 		return 0, fmt.Errorf("sandbox: waiting for the daemon: %w", err)
+	}
+	if stopped.Load() && (ws.Signaled() && ws.Signal() != syscall.SIGSYS || ws.Exited() && ws.ExitStatus() == goSignalExit) {
+		// Stopped as asked, though not by its own handler: killed by
+		// the signal passed on before it had one, or by stopDaemon's
+		// SIGKILL, or, as its PID namespace's init, ended by the Go
+		// runtime's answer to a signal that came before it registered.
+		cfg.Log.Debug("sandboxed daemon stopped", "pid", cmd.Process.Pid, "status", cmd.ProcessState.String())
+		return 0, nil
 	}
 	if ws.Signaled() {
 		sig := ws.Signal()
@@ -320,6 +346,48 @@ func supervise(cfg Config, files []File) (int, error) {
 		return 128 + int(sig), nil
 	}
 	return ws.ExitStatus(), nil
+}
+
+// goSignalExit is the status a Go program exits with when a signal it has
+// not registered for would end it and cannot: the runtime's handler
+// re-raises the signal with the default action, which the kernel drops for
+// the init of a PID namespace, and then calls exit(2).
+const goSignalExit = 2
+
+// A stop signal passed on to the daemon is repeated every stopResend until
+// the daemon is gone, and after stopGrace the daemon is killed. Repeated,
+// because it can be lost: in the namespace sandbox the daemon is the init
+// of its PID namespace, and the kernel drops a signal sent to such a
+// process while it has no handler for it, as it has none between the
+// execs of its stages. Killed, because a daemon that does not exit when
+// told would keep its guest's requests and the socket's name. Variables
+// for tests.
+var (
+	stopResend = 20 * time.Millisecond
+	stopGrace  = 5 * time.Second
+)
+
+// stopDaemon passes sig on to the daemon p until done is closed (the
+// daemon was reaped), killing it after stopGrace. Further signals from
+// sigs change nothing.
+func stopDaemon(p *os.Process, sig os.Signal, sigs <-chan os.Signal, done <-chan struct{}, log *slog.Logger) {
+	p.Signal(sig)
+	resend := time.NewTicker(stopResend)
+	defer resend.Stop()
+	grace := time.NewTimer(stopGrace)
+	defer grace.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-sigs:
+		case <-resend.C:
+			p.Signal(sig)
+		case <-grace.C:
+			log.Warn("sandboxed daemon did not stop; killing it", "pid", p.Pid, "signal", sig.String(), "after", stopGrace)
+			p.Kill()
+		}
+	}
 }
 
 // stageEnv returns env without the sandbox's own variables.

@@ -13,6 +13,8 @@ package integration
 //	TestSandboxUnprivileged a user with /etc/subuid and /etc/subgid ranges:
 //	                        namespace sandbox in a user namespace, --sandbox
 //	                        none, and one-line errors for what cannot work
+//	TestStopAsSoonAsTheSocketExists  SIGTERM, SIGINT or SIGHUP the moment
+//	                        the socket appears, in every sandbox mode
 
 import (
 	"bytes"
@@ -519,5 +521,77 @@ func TestSocketLifetime(t *testing.T) {
 	}
 	if b, err := os.ReadFile(sock); err != nil || string(b) != "keep me" {
 		t.Errorf("the file at the socket path: %q, %v; want it untouched", b, err)
+	}
+}
+
+// TestStopAsSoonAsTheSocketExists: a front end, or systemd, may stop the
+// daemon the moment its socket appears, while a sandboxed daemon's
+// supervisor is still starting it or the daemon is still passing through
+// its stages (in the namespace sandbox it is the init of its PID
+// namespace: the kernel drops a signal it has no handler for). Whatever the
+// moment and the sandbox, the process started exits 0 and leaves no socket
+// and no pid file, without the supervisor having to kill the daemon.
+func TestStopAsSoonAsTheSocketExists(t *testing.T) {
+	seccomp := "kill"
+	if sandboxMode == "" {
+		seccomp = "none" // the race build
+	}
+	signals := []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP}
+	delays := []time.Duration{0, 0, 0, 500 * time.Microsecond, time.Millisecond, 2 * time.Millisecond,
+		5 * time.Millisecond, 10 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond}
+	for _, mode := range []string{"namespace", "chroot", "none"} {
+		t.Run(mode, func(t *testing.T) {
+			if mode != "none" {
+				needStatic(t) // the race build is not static: it cannot run in a sandbox
+			}
+			for i, delay := range delays {
+				sig := signals[i%len(signals)]
+				dir := t.TempDir()
+				sock := filepath.Join(dir, "v.sock")
+				share := filepath.Join(dir, "share")
+				if err := os.Mkdir(share, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				cmd := exec.Command(daemonBin, "--socket-path", sock, "--shared-dir", share,
+					"--sandbox", mode, "--seccomp", seccomp, "--log-level", "debug")
+				var out bytes.Buffer
+				cmd.Stdout, cmd.Stderr = &out, &out
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				done := make(chan error, 1)
+				go func() { done <- cmd.Wait() }()
+				for deadline := time.Now().Add(opTimeout); ; {
+					if _, err := os.Lstat(sock); err == nil {
+						break
+					}
+					if time.Now().After(deadline) {
+						cmd.Process.Kill()
+						<-done
+						t.Fatalf("run %d: %s did not appear:\n%s", i, sock, out.String())
+					}
+				}
+				time.Sleep(delay)
+				cmd.Process.Signal(sig)
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Errorf("run %d: %v %v after the socket appeared: %v, want exit 0\n%s", i, sig, delay, err, out.String())
+					}
+				case <-time.After(opTimeout):
+					cmd.Process.Kill()
+					<-done
+					t.Fatalf("run %d: %v %v after the socket appeared: still running\n%s", i, sig, delay, out.String())
+				}
+				if strings.Contains(out.String(), "did not stop") {
+					t.Errorf("run %d: %v %v after the socket appeared: the supervisor had to kill the daemon\n%s", i, sig, delay, out.String())
+				}
+				for _, p := range []string{sock, sock + ".pid"} {
+					if _, err := os.Lstat(p); !os.IsNotExist(err) {
+						t.Errorf("run %d: %s left behind (%v)", i, p, err)
+					}
+				}
+			}
+		})
 	}
 }
