@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bufio"
 	"io"
 	"log/slog"
 	"os"
@@ -165,15 +166,23 @@ func TestStopDaemon(t *testing.T) {
 	}{
 		// Counts the signals it takes and exits at the third: only a
 		// repeated signal ends it.
-		{"repeated", `n=0; trap 'n=$((n+1)); [ $n -ge 3 ] && exit 7' TERM; while :; do sleep 0.01; done`, "exit status 7"},
-		{"ignored", `trap '' TERM; while :; do sleep 0.01; done`, "signal: killed"},
+		{"repeated", `n=0; trap 'n=$((n+1)); [ $n -ge 3 ] && exit 7' TERM; echo ready; while :; do sleep 0.01; done`, "exit status 7"},
+		{"ignored", `trap '' TERM; echo ready; while :; do sleep 0.01; done`, "signal: killed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command("/bin/sh", "-c", tc.script)
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(100 * time.Millisecond) // the trap is set
+			// The script says so once its trap is set: a signal before
+			// that would kill the shell and prove nothing.
+			if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+				t.Fatalf("waiting for the trap: %v", err)
+			}
 			done := make(chan struct{})
 			stopped := make(chan struct{})
 			go func() {
