@@ -5,7 +5,8 @@
 // ours and the reference with --thread-pool-size 0/1/2) is started in
 // turn on a tmpfs share with cache=none, a fresh daemon per run, the
 // configurations interleaved per workload and the whole set repeated for
-// a few rounds (the median is reported). test/vmm plays QEMU: Device.Start
+// a few rounds, each starting one configuration later than the last (the
+// median is reported). test/vmm plays QEMU: Device.Start
 // with the real start-up message flow, INIT, LOOKUP and OPEN of the data
 // files through a vmm.Session. Then TakeoverAll replays a VM pause and
 // resume (GET_VRING_BASE, then NUM/BASE/ADDR/KICK/ENABLE/CALL at the same

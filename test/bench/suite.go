@@ -271,7 +271,8 @@ func (o *SuiteOptions) rssOne(c Config) (idle, after Mem, rate float64, err erro
 }
 
 // RunSuite runs every workload on every configuration (configurations
-// interleaved per workload, a fresh daemon per run), then the memory
+// interleaved per workload, their order rotated each round, a fresh daemon
+// per run), then the memory
 // measurements, and prints the tables.
 func RunSuite(o SuiteOptions) (*SuiteResult, error) {
 	if o.Progress == nil {
@@ -290,7 +291,13 @@ func RunSuite(o SuiteOptions) (*SuiteResult, error) {
 			if sr.Cells[w.Name] == nil {
 				sr.Cells[w.Name] = map[string][]Cell{}
 			}
-			for _, c := range o.Configs {
+			for k := range o.Configs {
+				// Each round starts one configuration later: the
+				// machine's slow phases and whatever ran just before
+				// (the last workload's ceiling, another daemon's exit)
+				// then fall on every configuration alike, not always
+				// on the first.
+				c := o.Configs[(k+round)%len(o.Configs)]
 				n++
 				cell := o.runOne(c, w, fmt.Sprintf("m%d", n))
 				cleanShare(o.Share)
