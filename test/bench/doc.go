@@ -6,9 +6,10 @@
 // turn on a tmpfs share with cache=none, a fresh daemon per run, the
 // configurations interleaved per workload and the whole set repeated for
 // a few rounds, each starting one configuration later than the last (the
-// median is reported). test/vmm plays QEMU: Device.Start
-// with the real start-up message flow, INIT, LOOKUP and OPEN of the data
-// files through a vmm.Session. Then TakeoverAll replays a VM pause and
+// median is reported, and beside it the median of each round's ratio of
+// ours to the best reference: pairedRatio). test/vmm plays QEMU:
+// Device.Start with the real start-up message flow, INIT, LOOKUP and OPEN
+// of the data files through a vmm.Session. Then TakeoverAll replays a VM pause and
 // resume (GET_VRING_BASE, then NUM/BASE/ADDR/KICK/ENABLE/CALL at the same
 // base) to hand every ring to a Ring with its own kick and call eventfds,
 // and one goroutine per ring (locked to its thread, as a vCPU) keeps the

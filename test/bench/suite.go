@@ -360,6 +360,33 @@ func median(cells []Cell, w Workload) *Cell {
 	return ok[len(ok)/2]
 }
 
+// pairedRatio returns the median over rounds of name's rate divided by the
+// best of refs' rates in the same round, counting only rounds in which name
+// and at least one of refs succeeded. cells holds each configuration's
+// rounds in order (RunSuite appends a failed round too).
+func pairedRatio(cells map[string][]Cell, w Workload, name string, refs []string) (float64, bool) {
+	var ratios []float64
+	for r, c := range cells[name] {
+		if c.Err != nil {
+			continue
+		}
+		best := 0.0
+		for _, ref := range refs {
+			if rc := cells[ref]; r < len(rc) && rc[r].Err == nil {
+				best = max(best, rc[r].Res.Rate(w))
+			}
+		}
+		if best > 0 {
+			ratios = append(ratios, c.Res.Rate(w)/best)
+		}
+	}
+	if len(ratios) == 0 {
+		return 0, false
+	}
+	sort.Float64s(ratios)
+	return ratios[len(ratios)/2], true
+}
+
 func fmtRate(v float64, unit string) string {
 	switch unit {
 	case "MB/s":
@@ -391,7 +418,9 @@ func (sr *SuiteResult) Print(out io.Writer) {
 	o := sr.Opts
 	fmt.Fprintf(out, "\nDirect front end (test/vmm rings, indirect descriptors, one per 4 KiB page, EVENT_IDX), tmpfs share, cache=none,\n"+
 		"depth %d in total (spread over the request rings), %v per run after %v warm-up, median of %d round(s); MB = 10^6 bytes.\n"+
-		"ratio = ours (default settings) / best of %s; 2q = ours with 2 request rings / the same best.\n"+
+		"ratio = ours (default settings) / best of %s; 2q = ours with 2 request rings / the same best;\n"+
+		"paired = the median over rounds of ours / that round's best of the same (a slow phase of the machine\n"+
+		"lasts seconds and falls on every configuration of a round alike, so it moves this figure less).\n"+
 		"With 2 rings, %s.\n\n",
 		o.Depth, o.Duration, o.Warmup, o.Rounds, strings.Join(RefCompared, ", "), ringFiles(o.Interleave))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -399,7 +428,7 @@ func (sr *SuiteResult) Print(out io.Writer) {
 	for _, c := range o.Configs {
 		hdr = append(hdr, c.Name)
 	}
-	hdr = append(hdr, "ratio", "2q ratio", "vs ref-pool0")
+	hdr = append(hdr, "ratio", "paired", "2q ratio", "vs ref-pool0")
 	fmt.Fprintln(tw, strings.Join(hdr, "\t")+"\t")
 	for _, w := range o.Workloads {
 		row := []string{w.Name}
@@ -423,7 +452,11 @@ func (sr *SuiteResult) Print(out io.Writer) {
 			}
 			return "-"
 		}
-		row = append(row, ratio("ours", best), ratio("ours-2q", best), ratio("ours", rate["ref-pool0"]))
+		paired := "-"
+		if v, ok := pairedRatio(sr.Cells[w.Name], w, "ours", RefCompared); ok {
+			paired = fmt.Sprintf("%.2fx", v)
+		}
+		row = append(row, ratio("ours", best), paired, ratio("ours-2q", best), ratio("ours", rate["ref-pool0"]))
 		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
 	tw.Flush()
