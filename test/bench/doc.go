@@ -9,11 +9,11 @@
 // median is reported, and beside it the median of each round's ratio of
 // ours to the best reference: pairedRatio). test/vmm plays QEMU:
 // Device.Start with the real start-up message flow, INIT, LOOKUP and OPEN
-// of the data files through a vmm.Session. Then TakeoverAll replays a VM pause and
-// resume (GET_VRING_BASE, then NUM/BASE/ADDR/KICK/ENABLE/CALL at the same
-// base) to hand every ring to a Ring with its own kick and call eventfds,
-// and one goroutine per ring (locked to its thread, as a vCPU) keeps the
-// requests in flight:
+// of the data files through a vmm.Session. Then TakeoverAll replays a VM
+// pause and resume (GET_VRING_BASE, then NUM/BASE/ADDR/KICK/ENABLE/CALL at
+// the same base) to hand every ring to a Ring with its own kick and call
+// eventfds, and one goroutine per ring (locked to its thread, as a vCPU)
+// keeps the requests in flight:
 //
 //   - requests are laid out once per slot the way Linux's virtio_fs does
 //     (in header, in args, one descriptor per 4 KiB data page, out header,

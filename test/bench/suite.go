@@ -272,8 +272,7 @@ func (o *SuiteOptions) rssOne(c Config) (idle, after Mem, rate float64, err erro
 
 // RunSuite runs every workload on every configuration (configurations
 // interleaved per workload, their order rotated each round, a fresh daemon
-// per run), then the memory
-// measurements, and prints the tables.
+// per run), then the memory measurements, and prints the tables.
 func RunSuite(o SuiteOptions) (*SuiteResult, error) {
 	if o.Progress == nil {
 		o.Progress = io.Discard
