@@ -504,8 +504,9 @@ func TestStopWaitsForLentWrite(t *testing.T) {
 
 // TestRepliesSignalledPerBatch: cheap replies are signalled once per batch
 // of notifyBatch (or at the end of what the server saw), not once each;
-// heavy replies with more requests queued behind them at least every
-// second one (holdBehind); and no reply is left unsignalled (the front end
+// heavy replies, while more requests stay queued behind them, at least once
+// per notifyBatch and more often as the queue drains (holdBehind: 7 for
+// these 32); and no reply is left unsignalled (the front end
 // collects replies only on interrupts, so a missing signal is a timeout in
 // submit).
 func TestRepliesSignalledPerBatch(t *testing.T) {
@@ -517,7 +518,7 @@ func TestRepliesSignalledPerBatch(t *testing.T) {
 		// A loaded machine only merges interrupts: the bounds below
 		// are loose where that could move them.
 		{"cheap", false, 1, 32/notifyBatch + 2},
-		{"heavy", true, 8, 32/2 + holdBehind},
+		{"heavy", true, 32 / notifyBatch, 32/notifyBatch + 2*holdBehind + 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, d := startProbe(t, 0)
