@@ -506,27 +506,37 @@ func TestStopWaitsForLentWrite(t *testing.T) {
 // of notifyBatch (or at the end of what the server saw), not once each;
 // heavy replies, while more requests stay queued behind them, at least once
 // per notifyBatch and more often as the queue drains (holdBehind: 7 for
-// these 32); and no reply is left unsignalled (the front end
-// collects replies only on interrupts, so a missing signal is a timeout in
-// submit).
+// these 32), but a reply waits for one more at most when each request
+// takes longer than holdFor; and no reply is left unsignalled (the front
+// end collects replies only on interrupts, so a missing signal is a
+// timeout in submit).
 func TestRepliesSignalledPerBatch(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		heavy    bool
+		service  time.Duration // per request
+		holdFor  time.Duration
 		min, max int // interrupts for 32 requests
 	}{
 		// A loaded machine only merges interrupts: the bounds below
-		// are loose where that could move them.
-		{"cheap", false, 1, 32/notifyBatch + 2},
-		{"heavy", true, 32 / notifyBatch, 32/notifyBatch + 2*holdBehind + 2},
+		// are loose where that could move them. Each request is slow
+		// enough that the front end's interrupt handler takes each
+		// signal on its own.
+		{"cheap", false, 300 * time.Microsecond, time.Second, 1, 32/notifyBatch + 2},
+		{"heavy", true, 300 * time.Microsecond, time.Second, 32 / notifyBatch, 32/notifyBatch + 2*holdBehind + 2},
+		// About 17: replies in pairs, and the last ones alone.
+		{"heavy and slow", true, 600 * time.Microsecond, 100 * time.Microsecond, 12, 32},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// Restored after the back end's servers exit (startProbe's
+			// cleanup runs first).
+			old := holdFor
+			t.Cleanup(func() { holdFor = old })
+			holdFor = int64(tc.holdFor)
 			_, d := startProbe(t, 0)
 			var reqs [][40]byte
 			for i := range 32 {
-				// Slow enough that the front end's interrupt handler
-				// takes each signal on its own.
-				reqs = append(reqs, request(uint64(1+i%4), tc.heavy, 300*time.Microsecond))
+				reqs = append(reqs, request(uint64(1+i%4), tc.heavy, tc.service))
 			}
 			before := d.Queue(1).Stats().Interrupts
 			submit(t, d, reqs)
