@@ -216,14 +216,14 @@ type server struct {
 	loose  bool
 	cheap  int
 
-	// deferMu guards node and backlog. Servers of every ring defer writes
-	// here, each holding its own ring's mu, so it is a leaf: no other lock
-	// is taken under it.
 	// handoff is a heavy read of this ring that another of its servers
 	// popped and left to s, which filled its buffer last (handOffLocked).
 	// Guarded by the ring's mu.
 	handoff *slot
 
+	// deferMu guards node and backlog. Servers of every ring defer writes
+	// here, each holding its own ring's mu, so it is a leaf: no other lock
+	// is taken under it.
 	deferMu sync.Mutex
 	node    uint64  // node of the heavy WRITE being served; 0 for none
 	backlog []*slot // writes to node deferred to this server, oldest first
