@@ -450,7 +450,7 @@ func (s *server) run() {
 				lost = append(lost, cur)
 			}
 			rn.mu.Lock()
-			rn.endLocked() // no more hand-offs to s
+			rn.endLocked() // the ring stops; no more hand-offs to s
 			if s.handoff != nil {
 				lost = append(lost, s.handoff)
 				s.handoff = nil
@@ -462,9 +462,6 @@ func (s *server) run() {
 			}
 		}
 		rn.mu.Lock()
-		if e != nil {
-			rn.endLocked()
-		}
 		s.leaveLocked()
 		rn.live--
 		rn.endedLocked()
