@@ -6,7 +6,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,7 +25,9 @@ import (
 // probe is a request handler that records how requests overlap. A request
 // is 40 readable bytes (the size of a fuse_in_header, which the front end
 // insists on) starting with the node (0: not a write), a heavy flag, a slow
-// flag (byte 9), and how long to take, in microseconds.
+// flag (byte 9), a fault flag (byte 10: panic as a fault on guest memory
+// would, once done), how long to take, in microseconds (bytes 12-15), and
+// a tag (bytes 16-23; not 0: record who served it).
 type probe struct {
 	mu       sync.Mutex
 	inflight map[uint64]int // heavy writes in service per node
@@ -35,7 +41,49 @@ type probe struct {
 	// cpus: the CPU set of the thread that served the last request of
 	// each ring and kind (affinity_test.go).
 	cpus map[probeKind]unix.CPUSet
+	// tagged: who served each tagged request, and into which buffer.
+	tagged map[uint64]servedBy
 }
+
+// servedBy is the server that served a request, as the goroutine it runs
+// on (a parked server lets go of its thread), and the guest address of the
+// request's last writable segment (the buffer a hand-off is keyed by).
+type servedBy struct {
+	server uint64
+	gpa    uint64
+}
+
+// goroutineID returns the calling goroutine's ID, from the header of its
+// stack trace ("goroutine 42 [running]:").
+func goroutineID() uint64 {
+	var b [32]byte
+	n := runtime.Stack(b[:], false)
+	f := strings.Fields(string(b[:n]))
+	if len(f) < 2 {
+		return 0
+	}
+	id, _ := strconv.ParseUint(f[1], 10, 64)
+	return id
+}
+
+// servedTag returns who served the request tagged tag.
+func (p *probe) servedTag(t *testing.T, tag uint64) servedBy {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	by, ok := p.tagged[tag]
+	if !ok {
+		t.Fatalf("request %d was not served", tag)
+	}
+	return by
+}
+
+// probeFault is what a fault on guest memory panics with
+// (debug.SetPanicOnFault), as far as the servers look at it.
+type probeFault struct{}
+
+func (probeFault) Error() string { return "probe: simulated fault on guest memory" }
+func (probeFault) Addr() uintptr { return 0x1000 }
 
 // seen returns the overlap counts (under the lock: the rings carry no
 // happens-before the race detector can see).
@@ -86,21 +134,23 @@ type probeQueue struct {
 }
 
 func (q probeQueue) read(in *bufvec.Vec) (r probeRequest, ok bool) {
-	var b [16]byte
+	var b [24]byte
 	err := in.ReadFull(b[:])
 	in.Rewind()
 	if err != nil {
 		return r, false
 	}
 	return probeRequest{node: binary.LittleEndian.Uint64(b[0:]), heavy: b[8] != 0, slow: b[9] != 0,
-		d: time.Duration(binary.LittleEndian.Uint32(b[12:])) * time.Microsecond}, true
+		fault: b[10] != 0, d: time.Duration(binary.LittleEndian.Uint32(b[12:])) * time.Microsecond,
+		tag: binary.LittleEndian.Uint64(b[16:])}, true
 }
 
 // probeRequest is a decoded probe request.
 type probeRequest struct {
-	node        uint64
-	heavy, slow bool
-	d           time.Duration
+	node               uint64
+	heavy, slow, fault bool
+	d                  time.Duration
+	tag                uint64
 }
 
 func (q probeQueue) Classify(in *bufvec.Vec) (bool, uint64, bool) {
@@ -136,6 +186,9 @@ func (q probeQueue) Serve(in, out *bufvec.Vec) uint32 {
 			p.overlap++
 		}
 	}
+	if segs := out.Segments(); r.tag != 0 && len(segs) > 0 {
+		p.tagged[r.tag] = servedBy{goroutineID(), segs[len(segs)-1].GPA}
+	}
 	p.mu.Unlock()
 	time.Sleep(d)
 	p.mu.Lock()
@@ -147,6 +200,9 @@ func (q probeQueue) Serve(in, out *bufvec.Vec) uint32 {
 		p.inflight[node]--
 	}
 	p.mu.Unlock()
+	if r.fault {
+		panic(probeFault{})
+	}
 	p.served.Add(1)
 	var reply [16]byte
 	if out.WriteFull(reply[:]) != nil {
@@ -166,7 +222,7 @@ func startProbe(t *testing.T, workers int) (*probe, *vmm.Device) {
 // Config.CPUs.
 func startProbeRings(t *testing.T, rings, workers, cpus int) (*probe, *vmm.Device) {
 	t.Helper()
-	p := &probe{inflight: map[uint64]int{}, cpus: map[probeKind]unix.CPUSet{}}
+	p := &probe{inflight: map[uint64]int{}, cpus: map[probeKind]unix.CPUSet{}, tagged: map[uint64]servedBy{}}
 	b, err := NewBackend(Config{RequestQueues: rings, Tag: "probe", Workers: workers, CPUs: cpus,
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Handler: HandlerFunc(func(ring int) RequestHandler { p.handlers.Add(1); return probeQueue{p, ring} })})
@@ -629,4 +685,190 @@ func testLentWritesDoNotStarve(t *testing.T, workers, cpus int) {
 	if overlap, _ := p.seen(); overlap != 0 {
 		t.Errorf("%d heavy writes to one node overlapped another", overlap)
 	}
+}
+
+// readRequest is a heavy read of d tagged tag, which faults when done if
+// fault is set.
+func readRequest(tag uint64, d time.Duration, fault bool) (r [40]byte) {
+	r = request(0, true, d)
+	if fault {
+		r[10] = 1
+	}
+	binary.LittleEndian.PutUint64(r[16:], tag)
+	return r
+}
+
+// addPaged publishes reqs on ring 1, each with a page of reply data, and
+// kicks once. The front end's first-fit allocator gives a batch laid out
+// the same way as one already returned the same buffers, as a guest's
+// driver reuses its pages.
+func addPaged(t *testing.T, d *vmm.Device, reqs ...[40]byte) []*vmm.FuseCall {
+	t.Helper()
+	q := d.Queue(1)
+	var calls []*vmm.FuseCall
+	for _, r := range reqs {
+		fc, err := q.AddFuse(vmm.FuseRequest{In: r[:], OutPages: vmm.PageSize})
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = append(calls, fc)
+	}
+	if _, err := q.Notify(); err != nil {
+		t.Fatal(err)
+	}
+	return calls
+}
+
+func waitAll(t *testing.T, calls []*vmm.FuseCall) {
+	t.Helper()
+	for i, fc := range calls {
+		if _, err := fc.Wait(10 * time.Second); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+}
+
+// handOffSetUp starts a back end whose ring 1 has two servers, serves a
+// long read and a short one side by side on them, then publishes long,
+// short and third: long and short in the buffers of the first two. It
+// returns once the server that filled short's buffer is busy with long and
+// third is served, so that short was popped by the other server while its
+// buffer's filler was busy and a chain waited behind it. It returns the
+// calls and who filled short's buffer the first time.
+func handOffSetUp(t *testing.T, long, short, third [40]byte) (*probe, *vmm.Device, []*vmm.FuseCall, servedBy) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		p, d := startProbe(t, 1) // two servers
+		waitAll(t, addPaged(t, d, readRequest(1, 30*time.Millisecond, false), readRequest(2, time.Millisecond, false)))
+		first, filler := p.servedTag(t, 1), p.servedTag(t, 2)
+		if first.server == filler.server {
+			t.Fatalf("one server (goroutine %d) served both reads: the ring never spread", first.server)
+		}
+		// Let the long read's server go idle: still popping, it would
+		// take long as soon as it is published, alone.
+		time.Sleep(10 * time.Millisecond)
+		calls := addPaged(t, d, long, short, third)
+		for deadline := time.Now().Add(5 * time.Second); p.served.Load() < 3; {
+			if time.Now().After(deadline) {
+				t.Fatal("the third read was not served within 5 s")
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+		if by := p.servedTag(t, binary.LittleEndian.Uint64(long[16:])); by.server == filler.server {
+			return p, d, calls, filler
+		} else if attempt == 3 {
+			t.Fatalf("in %d attempts, the server that filled the short read's buffer never took the long read first", attempt)
+		}
+		t.Logf("attempt %d: the long read went to the other server; again", attempt)
+	}
+}
+
+// TestHeavyReadGoesToItsBuffersFiller: a server that pops a heavy read
+// whose buffer another server of the ring filled last, while that server is
+// busy and more chains wait, leaves the read to it (handOffLocked): the
+// buffer's cache lines are still that server's CPU's.
+func TestHeavyReadGoesToItsBuffersFiller(t *testing.T) {
+	p, _, calls, filler := handOffSetUp(t,
+		readRequest(3, 30*time.Millisecond, false), readRequest(4, time.Millisecond, false), readRequest(5, time.Millisecond, false))
+	waitAll(t, calls)
+	long, short := p.servedTag(t, 3), p.servedTag(t, 4)
+	if short.gpa != filler.gpa {
+		t.Fatalf("the front end put the second batch's short read at %#x, not in the first's buffer %#x", short.gpa, filler.gpa)
+	}
+	t.Logf("short read's buffer filled by goroutine %d; the long read served by %d, then the short one by %d", filler.server, long.server, short.server)
+	if short.server != filler.server {
+		t.Errorf("the short read went to goroutine %d, not to the one that filled its buffer (%d)", short.server, filler.server)
+	}
+}
+
+// TestStopServesHandedOffRead: a read left to a busy server is still the
+// ring's chain: GET_VRING_BASE answers once that server has served it, with
+// every popped chain pushed.
+func TestStopServesHandedOffRead(t *testing.T) {
+	p, d, calls, filler := handOffSetUp(t,
+		readRequest(3, 200*time.Millisecond, false), readRequest(4, time.Millisecond, false), readRequest(5, time.Millisecond, false))
+	base, err := d.StopQueue(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := d.Queue(1).UsedIdx(); base != 5 || u != 5 {
+		t.Errorf("ring stopped at base %d with used index %d, want 5 and 5", base, u)
+	}
+	waitAll(t, calls)
+	if short := p.servedTag(t, 4); short.server != filler.server {
+		t.Errorf("the short read went to goroutine %d, not to the one that filled its buffer (%d)", short.server, filler.server)
+	}
+}
+
+// TestFaultDropsHandedOffRead: when the server a read was left to faults on
+// guest memory, the ring stops with both its chains unanswered, as with any
+// chain a faulting server holds, and the daemon goes on: GET_VRING_BASE
+// answers, the lost chains let go of the memory table they were translated
+// with, and the ring, restarted, serves again.
+func TestFaultDropsHandedOffRead(t *testing.T) {
+	p, d, calls, _ := handOffSetUp(t,
+		readRequest(3, 100*time.Millisecond, true), readRequest(4, time.Millisecond, false), readRequest(5, time.Millisecond, false))
+	mapped := guestRAMMappings(t, d)
+	if _, err := calls[2].Wait(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	base, err := d.StopQueue(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := d.Queue(1).UsedIdx(); base != 5 || u != 3 {
+		t.Errorf("ring stopped at base %d with used index %d, want 5 and 3 (the faulting read and the one left to its server lost)", base, u)
+	}
+	p.mu.Lock()
+	_, served := p.tagged[4]
+	p.mu.Unlock()
+	if served {
+		t.Error("the read left to the faulting server was served")
+	}
+	// As a guest resets the device after such a stop: fresh rings, the
+	// lost chains abandoned. A new table (SET_MEM_TABLE) meanwhile must be
+	// the only one left mapped once the rings have moved to it.
+	if _, err := d.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SendMemTable(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Restart(true); err != nil {
+		t.Fatal(err)
+	}
+	if n := guestRAMMappings(t, d); n != mapped {
+		t.Errorf("guest RAM mapped %d times after the table was replaced, was %d: a lost chain still holds the old table", n, mapped)
+	}
+	var reqs [][40]byte
+	for range 16 {
+		reqs = append(reqs, readRequest(0, 100*time.Microsecond, false))
+	}
+	submit(t, d, reqs)
+}
+
+// guestRAMMappings counts this process's mappings of the front end's guest
+// RAM files: the front end's own and the back end's current table's.
+func guestRAMMappings(t *testing.T, d *vmm.Device) int {
+	t.Helper()
+	inodes := map[string]bool{}
+	for _, r := range d.Mem.Regions() {
+		var st unix.Stat_t
+		if err := unix.Fstat(r.Fd(), &st); err != nil {
+			t.Fatal(err)
+		}
+		inodes[strconv.FormatUint(st.Ino, 10)] = true
+	}
+	maps, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(maps), "\n") {
+		// address perms offset dev inode path
+		if f := strings.Fields(line); len(f) >= 6 && inodes[f[4]] && strings.Contains(f[5], "vmm-guest-ram") {
+			n++
+		}
+	}
+	return n
 }
