@@ -433,7 +433,7 @@ func TestStreamingRingKeepsOthersToOneServer(t *testing.T) {
 	// Wide enough that a test machine's scheduling delays do not end a
 	// stream; ring 2's requests now and then come 3 windows apart.
 	defer func(w time.Duration) { streamWindow = w }(streamWindow)
-	streamWindow = 50 * time.Millisecond
+	streamWindow = 200 * time.Millisecond
 	for _, tc := range []struct {
 		name   string
 		gap    time.Duration // between ring 2's heavy requests; 0: idle
