@@ -419,7 +419,8 @@ func (sr *SuiteResult) Print(out io.Writer) {
 		"depth %d in total (spread over the request rings), %v per run after %v warm-up, median of %d round(s); MB = 10^6 bytes.\n"+
 		"ratio = ours (default settings) / best of %s; 2q = ours with 2 request rings / the same best;\n"+
 		"paired = the median over rounds of ours / that round's best of the same (a slow phase of the machine\n"+
-		"lasts seconds and falls on every configuration of a round alike, so it moves this figure less).\n"+
+		"lasts seconds and falls on every configuration of a round alike, so it moves this figure less);\n"+
+		"2q/1q = ours-2q / ours, of the medians and paired by round.\n"+
 		"With 2 rings, %s.\n\n",
 		o.Depth, o.Duration, o.Warmup, o.Rounds, strings.Join(RefCompared, ", "), ringFiles(o.Interleave))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -427,7 +428,7 @@ func (sr *SuiteResult) Print(out io.Writer) {
 	for _, c := range o.Configs {
 		hdr = append(hdr, c.Name)
 	}
-	hdr = append(hdr, "ratio", "paired", "2q ratio", "vs ref-pool0")
+	hdr = append(hdr, "ratio", "paired", "2q ratio", "vs ref-pool0", "2q/1q", "paired")
 	fmt.Fprintln(tw, strings.Join(hdr, "\t")+"\t")
 	for _, w := range o.Workloads {
 		row := []string{w.Name}
@@ -451,11 +452,14 @@ func (sr *SuiteResult) Print(out io.Writer) {
 			}
 			return "-"
 		}
-		paired := "-"
-		if v, ok := pairedRatio(sr.Cells[w.Name], w, "ours", RefCompared); ok {
-			paired = fmt.Sprintf("%.2fx", v)
+		paired := func(n string, refs []string) string {
+			if v, ok := pairedRatio(sr.Cells[w.Name], w, n, refs); ok {
+				return fmt.Sprintf("%.2fx", v)
+			}
+			return "-"
 		}
-		row = append(row, ratio("ours", best), paired, ratio("ours-2q", best), ratio("ours", rate["ref-pool0"]))
+		row = append(row, ratio("ours", best), paired("ours", RefCompared), ratio("ours-2q", best), ratio("ours", rate["ref-pool0"]),
+			ratio("ours-2q", rate["ours"]), paired("ours-2q", []string{"ours"}))
 		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
 	tw.Flush()
