@@ -107,7 +107,8 @@ bench: build
 # ratios ours/reference, best of BENCHGUEST_ROUNDS rounds, marking figures
 # taken while other processes loaded the host. About 17 minutes with the
 # defaults; narrow it with e.g. BENCHGUEST_RUNTIME=3 BENCHGUEST_ROUNDS=1
-# BENCHGUEST_CONFIGS=ours,ref-pool0 BENCHGUEST_WORKLOADS='^seq'.
+# BENCHGUEST_CONFIGS=ours,ref-pool0 BENCHGUEST_WORKLOADS='^seq'; ours-pool0
+# and ours-pool1 (--thread-pool-size 0 and 1, Kata's) run only when named.
 # BENCHGUEST_ALT=path/to/another/govirtiofsd adds configurations alt and
 # alt-2q (A/B comparisons in one run). Under TCG the guest is the
 # bottleneck: figures, not targets.

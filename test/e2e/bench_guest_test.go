@@ -35,6 +35,13 @@ var benchConfigs = []benchConfig{
 	{name: "ref-pool2", kind: refDaemon, extra: []string{"--thread-pool-size=2"}, queues: 1},
 }
 
+// benchOptionalConfigs run only when GOVIRTIOFSD_BENCH_CONFIGS names them:
+// ours with every request inline (0) and with Kata's --thread-pool-size=1.
+var benchOptionalConfigs = []benchConfig{
+	{name: "ours-pool0", kind: ourDaemon, extra: []string{"--log-level", "info", "--thread-pool-size=0"}, queues: 1},
+	{name: "ours-pool1", kind: ourDaemon, extra: []string{"--log-level", "info", "--thread-pool-size=1"}, queues: 1},
+}
+
 // benchWorkload is one fio run (guest-scripts/bench.sh).
 type benchWorkload struct {
 	name, rw, bs string
@@ -110,8 +117,9 @@ const benchOtherLoad = 0.3
 // GOVIRTIOFSD_BENCH_ROUNDS rounds over all workloads (default 2),
 // GOVIRTIOFSD_BENCH_SIZE file size per job (default 64M),
 // GOVIRTIOFSD_BENCH_CONFIGS a comma-separated subset of ours, ours-2q,
-// ref-pool0, ref-pool2 (and alt, alt-2q: the build GOVIRTIOFSD_BENCH_ALT
-// names, with our default settings, for A/B comparisons in one run),
+// ref-pool0, ref-pool2, and of ours-pool0 and ours-pool1, which run only
+// when named (and alt, alt-2q: the build GOVIRTIOFSD_BENCH_ALT names, with
+// our default settings, for A/B comparisons in one run),
 // GOVIRTIOFSD_BENCH_WORKLOADS a regexp on workload names.
 func TestBenchGuest(t *testing.T) {
 	if os.Getenv("GOVIRTIOFSD_E2E_BENCH") != "1" {
@@ -148,7 +156,7 @@ func TestBenchGuest(t *testing.T) {
 			benchConfig{name: "alt", kind: altDaemon, extra: []string{"--log-level", "info"}, queues: 1},
 			benchConfig{name: "alt-2q", kind: altDaemon, extra: []string{"--log-level", "info"}, queues: 2})
 	}
-	all := cfgs
+	all := append(slices.Clone(cfgs), benchOptionalConfigs...)
 	if s := os.Getenv("GOVIRTIOFSD_BENCH_CONFIGS"); s != "" {
 		cfgs = nil
 		for _, name := range strings.Split(s, ",") {
