@@ -754,9 +754,10 @@ func handOffSetUp(t *testing.T, long, short, third [40]byte) (*probe, *vmm.Devic
 			}
 			time.Sleep(100 * time.Microsecond)
 		}
-		if by := p.servedTag(t, binary.LittleEndian.Uint64(long[16:])); by.server == filler.server {
+		if p.servedTag(t, binary.LittleEndian.Uint64(long[16:])).server == filler.server {
 			return p, d, calls, filler
-		} else if attempt == 3 {
+		}
+		if attempt == 3 {
 			t.Fatalf("in %d attempts, the server that filled the short read's buffer never took the long read first", attempt)
 		}
 		t.Logf("attempt %d: the long read went to the other server; again", attempt)

@@ -428,7 +428,7 @@ func (sr *SuiteResult) Print(out io.Writer) {
 	for _, c := range o.Configs {
 		hdr = append(hdr, c.Name)
 	}
-	hdr = append(hdr, "ratio", "paired", "2q ratio", "vs ref-pool0", "2q/1q", "paired")
+	hdr = append(hdr, "ratio", "paired", "2q ratio", "vs ref-pool0", "2q/1q", "2q/1q paired")
 	fmt.Fprintln(tw, strings.Join(hdr, "\t")+"\t")
 	for _, w := range o.Workloads {
 		row := []string{w.Name}
