@@ -588,7 +588,7 @@ func TestRepliesSignalledPerBatch(t *testing.T) {
 			// cleanup runs first).
 			old := holdFor
 			t.Cleanup(func() { holdFor = old })
-			holdFor = int64(tc.holdFor)
+			holdFor = tc.holdFor
 			_, d := startProbe(t, 0)
 			var reqs [][40]byte
 			for i := range 32 {
