@@ -69,6 +69,13 @@ type Config struct {
 	// AllowUnmapped accepts buffers outside guest memory as unmapped
 	// segments, for the FS_IO bounce through the VMM.
 	AllowUnmapped bool
+	// Log is the back end's dirty-page log (nil: never logs). While it
+	// is active, the ring's writes into the used ring are logged when
+	// LogUsed is set, at UsedLogAddr (the used ring's guest-physical
+	// address, SET_VRING_ADDR's log_guest_addr) plus their offset.
+	Log         *DirtyLog
+	LogUsed     bool
+	UsedLogAddr uint64
 }
 
 // Queue is one split ring. Pop is for a single consumer goroutine; Push and
@@ -84,6 +91,12 @@ type Queue struct {
 	desc    []byte
 	avail   []byte
 	used    []byte
+
+	// Dirty logging of the used ring (VHOST_VRING_F_LOG): the front end
+	// turns it on and off on a running ring, hence atomics.
+	log       *DirtyLog
+	usedLogOn atomic.Bool
+	usedLog   atomic.Uint64 // guest-physical address of the used ring
 
 	// Consumer state (Pop).
 	lastAvail uint16
@@ -124,6 +137,11 @@ func New(cfg Config, mem *GuestMemory) (*Queue, error) {
 		return nil, errors.New("no guest memory mapped")
 	}
 	q := &Queue{size: cfg.Size, eventIdx: cfg.EventIdx, indirect: cfg.Indirect, allowUnmapped: cfg.AllowUnmapped, ringMem: mem, callFD: -1}
+	q.log = cfg.Log
+	if q.log == nil {
+		q.log = &neverLog
+	}
+	q.SetUsedLog(cfg.LogUsed, cfg.UsedLogAddr)
 	var ok1, ok2, ok3 bool
 	q.desc, ok1 = mem.UserSlice(cfg.DescAddr, descSize*n)
 	q.avail, ok2 = mem.UserSlice(cfg.AvailAddr, 6+2*n)
@@ -178,6 +196,37 @@ func (q *Queue) SetCall(fd int) (old int) {
 	return old
 }
 
+// neverLog is the log of a ring whose back end logs nothing.
+var neverLog DirtyLog
+
+// SetUsedLog turns the logging of used-ring writes on or off, with the used
+// ring's guest-physical address (SET_VRING_ADDR's VHOST_VRING_F_LOG and
+// log_guest_addr). It may be called while the ring runs.
+func (q *Queue) SetUsedLog(on bool, gpa uint64) {
+	q.usedLog.Store(gpa)
+	q.usedLogOn.Store(on)
+}
+
+// logUsed records a write of n bytes at offset off of the used ring.
+func (q *Queue) logUsed(off, n uint64) {
+	if q.log.Active() && q.usedLogOn.Load() {
+		q.log.Mark(q.usedLog.Load()+off, n)
+	}
+}
+
+// LogWritten records the first n bytes of c's writable buffers, the reply
+// of used length n, in the dirty log when logging is on. Call it before
+// pushing the chain: the used index must not publish a reply whose pages
+// are not yet logged.
+func (q *Queue) LogWritten(c *DescChain, n uint32) {
+	if q.log.Active() {
+		q.log.MarkWritten(c.Writable, n)
+	}
+}
+
+// availEventOffset is where avail_event sits in the used ring.
+func (q *Queue) availEventOffset() int { return 4 + 8*int(q.size) }
+
 // word32 returns the aligned 32-bit word at b[0:4] for atomic access.
 func word32(b []byte) *uint32 { return (*uint32)(unsafe.Pointer(&b[0])) }
 
@@ -211,7 +260,9 @@ func (q *Queue) EnableNotify() bool {
 		return false
 	}
 	if q.eventIdx {
-		binary.LittleEndian.PutUint16(q.used[4+8*int(q.size):], q.lastAvail)
+		off := q.availEventOffset()
+		binary.LittleEndian.PutUint16(q.used[off:], q.lastAvail)
+		q.logUsed(uint64(off), 2)
 	}
 	q.fullBarrier()
 	return q.loadAvailIdx() != q.lastAvail
@@ -272,7 +323,9 @@ func (q *Queue) PopSeen(c *DescChain, mem *GuestMemory) (bool, error) {
 	q.lastAvail++
 	if q.eventIdx {
 		// Let the guest skip kicks for what we are about to see anyway.
-		binary.LittleEndian.PutUint16(q.used[4+8*int(q.size):], q.lastAvail)
+		off := q.availEventOffset()
+		binary.LittleEndian.PutUint16(q.used[off:], q.lastAvail)
+		q.logUsed(uint64(off), 2)
 	}
 	c.reset(head, mem)
 	c.allowUnmapped = q.allowUnmapped
@@ -364,14 +417,18 @@ func (q *Queue) push(head uint16, n uint32) {
 		return // closed under us: the front end is gone
 	}
 	slot := int(q.usedIdx & (q.size - 1))
-	e := q.used[4+8*slot:]
+	off := 4 + 8*slot
+	e := q.used[off:]
 	binary.LittleEndian.PutUint32(e[0:], uint32(head))
 	binary.LittleEndian.PutUint32(e[4:], n)
+	q.logUsed(uint64(off), 8)
 	q.usedIdx++
 	// Entries before index: the atomic store is a release (and on amd64 a
 	// full barrier, which the EVENT_IDX check in notify relies on). The
-	// device owns used.flags, which we keep at 0.
+	// device owns used.flags, which we keep at 0 (and write with the
+	// index: they share the word).
 	atomic.StoreUint32(word32(q.used), uint32(q.usedIdx)<<16)
+	q.logUsed(0, 4)
 }
 
 // PushNotify pushes one chain and signals the guest if it asked for it.
