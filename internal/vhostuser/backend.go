@@ -49,6 +49,7 @@ const (
 	protoResetDevice       = 1 << 13
 	protoConfigureMemSlots = 1 << 15
 	protoStatus            = 1 << 16
+	protoDeviceState       = 1 << 19
 )
 
 const (
@@ -106,6 +107,10 @@ type Config struct {
 	CPUs int
 	// Metrics keeps per-ring counters for WriteMetrics.
 	Metrics bool
+	// State is the device state that migrates with the VM; nil: the
+	// DEVICE_STATE protocol feature is not offered, and QEMU cannot
+	// migrate the VM.
+	State DeviceState
 }
 
 // Backend serves one vhost-user connection.
@@ -125,6 +130,8 @@ type Backend struct {
 	regions []virtqueue.Region // current regions; mappings held by the current table
 
 	rings       [MaxRings]*vring
+	dirty       virtqueue.DirtyLog // the migration's dirty-page log, shared by the rings
+	transfer    *transfer          // the state transfer in progress (SET_DEVICE_STATE_FD)
 	backend     BackendChannel
 	busyWorkers atomic.Int32
 	serving     atomic.Int32                        // servers holding a request, all rings (server.serving)
@@ -158,11 +165,14 @@ func NewBackend(cfg Config) (*Backend, error) {
 	if cfg.Metrics {
 		b.stats = new([MaxRings]ringStats)
 	}
-	b.offered = featVersion1 | featIndirectDesc | featEventIdx | featProtocolFeatures
-	b.protoOffered = protoMQ | protoReplyAck | protoBackendReq | protoBackendSendFD |
+	b.offered = featVersion1 | featIndirectDesc | featEventIdx | featProtocolFeatures | featLogAll
+	b.protoOffered = protoMQ | protoLogShmFD | protoReplyAck | protoBackendReq | protoBackendSendFD |
 		protoResetDevice | protoConfigureMemSlots | protoStatus
 	if cfg.Tag != "" {
 		b.protoOffered |= protoConfig
+	}
+	if cfg.State != nil {
+		b.protoOffered |= protoDeviceState
 	}
 	return b, nil
 }
@@ -215,11 +225,14 @@ func (b *Backend) Serve(uc *net.UnixConn) error {
 
 // shutdown stops every ring and releases memory and fds.
 func (b *Backend) shutdown() {
+	b.abortTransfer()
 	for _, r := range b.rings {
 		if r != nil {
 			r.reset()
 		}
 	}
+	b.dirty.SetActive(false)
+	b.dirty.Replace(nil, nil)
 	b.memory.Replace(nil)
 	b.regions = nil
 	b.backend.close()
@@ -236,9 +249,15 @@ func (b *Backend) ring(index uint32) (*vring, error) {
 }
 
 // refuse logs a message that could not be honoured and, when the front end
-// waits for an acknowledgement, reports the failure.
+// waits for an answer, reports the failure.
 func (b *Backend) refuse(m *Message, err error) {
 	b.log.Warn("vhost-user message refused", "request", requestName(m.Request), "err", err)
+	if b.alwaysReplied(m.Request) {
+		if err := b.c.replyU64(m.Request, stateReplyError|stateReplyNoFD); err != nil {
+			b.log.Warn("reply", "err", err)
+		}
+		return
+	}
 	if m.needReply() && b.proto&protoReplyAck != 0 {
 		if err := b.c.replyU64(m.Request, 1); err != nil {
 			b.log.Warn("reply", "err", err)
@@ -251,6 +270,10 @@ func (b *Backend) refuse(m *Message, err error) {
 func (b *Backend) dispatch(m *Message) error {
 	b.log.Debug("vhost-user message", "request", requestName(m.Request), "size", len(m.Payload), "fds", len(m.FDs))
 	defer m.closeFDs()
+	if m.fdsLost && takesFDs(m.Request) {
+		b.refuse(m, fmt.Errorf("more than %d fds attached: the kernel dropped the rest", maxFDs))
+		return nil
+	}
 	var (
 		reply   []byte // the request's own reply, if it has one
 		replied = true
@@ -275,6 +298,14 @@ func (b *Backend) dispatch(m *Message) error {
 		// Not offered; answer an empty area so a confused front end
 		// does not wait forever.
 		reply = make([]byte, 8+8+2+2)
+	case reqSetDeviceStateFD, reqCheckDeviceState, reqSetLogBase:
+		if !b.alwaysReplied(m.Request) {
+			// Not negotiated: refused as an unknown request is.
+			replied = false
+			err = fmt.Errorf("%s: not negotiated", requestName(m.Request))
+			break
+		}
+		reply, err = b.migrationMessage(m)
 	default:
 		replied = false
 		err = b.handleSet(m)
@@ -293,6 +324,18 @@ func (b *Backend) dispatch(m *Message) error {
 		return b.c.replyU64(m.Request, 0)
 	}
 	return nil
+}
+
+// alwaysReplied reports whether request req has a reply of its own, which
+// a refusal must still send: the front end waits for it.
+func (b *Backend) alwaysReplied(req uint32) bool {
+	switch req {
+	case reqSetLogBase:
+		return b.proto&protoLogShmFD != 0
+	case reqSetDeviceStateFD, reqCheckDeviceState:
+		return b.proto&protoDeviceState != 0
+	}
+	return false
 }
 
 func u64(v uint64) []byte {
@@ -315,11 +358,7 @@ func (b *Backend) handleSet(m *Message) error {
 		if err != nil {
 			return err
 		}
-		if extra := v &^ b.offered; extra != 0 {
-			return fmt.Errorf("features %#x were not offered", extra)
-		}
-		b.acked = v
-		return nil
+		return b.setFeatures(v)
 	case reqSetProtocolFeatures:
 		v, err := payloadU64(m)
 		if err != nil {
@@ -370,19 +409,22 @@ func (b *Backend) handleSet(m *Message) error {
 		return nil
 	case reqSetConfig:
 		return errors.New("the virtio-fs config space is read-only")
-	case reqSetLogBase, reqSetLogFD, reqSetInflightFD:
-		return errors.New("not negotiated (no migration logging or inflight tracking)")
+	case reqSetLogFD, reqSetInflightFD:
+		return errors.New("not supported (the log comes with SET_LOG_BASE; no inflight tracking)")
 	default:
 		return errors.New("unknown or unsupported request")
 	}
 }
 
 func (b *Backend) resetDevice() {
+	b.abortTransfer()
 	for _, r := range b.rings {
 		if r != nil {
 			r.reset()
 		}
 	}
+	b.setLogging(false, b.acked&featLogAll != 0)
+	b.dirty.Replace(nil, nil) // a device started again gets a new log
 	b.acked = 0
 	b.status = 0
 }
@@ -434,8 +476,18 @@ func (b *Backend) setVringAddr(m *Message) error {
 	if err != nil {
 		return err
 	}
+	if a.flags&^vringFlagLog != 0 {
+		return fmt.Errorf("ring %d: unknown address flags %#x", a.index, a.flags)
+	}
+	logUsed := a.flags&vringFlagLog != 0
 	if r.started() {
-		return fmt.Errorf("ring %d is running", a.index)
+		// Logging starts and stops on running rings: QEMU resends the
+		// same addresses with VHOST_VRING_F_LOG set or cleared.
+		if a.desc != r.addr.desc || a.avail != r.addr.avail || a.used != r.addr.used {
+			return fmt.Errorf("ring %d is running: only its log flag and log address may change", a.index)
+		}
+		r.queue.SetUsedLog(logUsed, a.logGPA)
+		b.log.Debug("ring used-ring logging", "queue", r.index, "on", logUsed, "log_addr", fmt.Sprintf("%#x", a.logGPA))
 	}
 	r.addr, r.hasAddr = a, true
 	return nil
@@ -470,6 +522,7 @@ func (b *Backend) setVringKick(m *Message) error {
 		unix.Close(r.kickFD)
 	}
 	r.kickFD = fd
+	b.finishTransfer() // a loading state is installed before anything is served
 	if b.acked&featProtocolFeatures == 0 {
 		// Without PROTOCOL_FEATURES a ring is enabled when it starts.
 		r.enabled = true

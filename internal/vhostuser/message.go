@@ -45,6 +45,8 @@ const (
 	reqRemMemReg           = 38
 	reqSetStatus           = 39
 	reqGetStatus           = 40
+	reqSetDeviceStateFD    = 42
+	reqCheckDeviceState    = 43
 )
 
 var requestNames = map[uint32]string{
@@ -60,6 +62,7 @@ var requestNames = map[uint32]string{
 	reqGetInflightFD: "GET_INFLIGHT_FD", reqSetInflightFD: "SET_INFLIGHT_FD", reqResetDevice: "RESET_DEVICE",
 	reqGetMaxMemSlots: "GET_MAX_MEM_SLOTS", reqAddMemReg: "ADD_MEM_REG", reqRemMemReg: "REM_MEM_REG",
 	reqSetStatus: "SET_STATUS", reqGetStatus: "GET_STATUS",
+	reqSetDeviceStateFD: "SET_DEVICE_STATE_FD", reqCheckDeviceState: "CHECK_DEVICE_STATE",
 }
 
 func requestName(r uint32) string {
@@ -94,6 +97,20 @@ type Message struct {
 	Flags   uint32
 	Payload []byte
 	FDs     []int
+	// fdsLost: the front end attached more than maxFDs fds; the kernel
+	// closed the rest. The stream is in step, only the fds are not.
+	fdsLost bool
+}
+
+// takesFDs reports whether request req carries fds the back end uses: one
+// that arrives with some of them lost cannot be honoured.
+func takesFDs(req uint32) bool {
+	switch req {
+	case reqSetMemTable, reqSetLogBase, reqSetLogFD, reqSetVringKick, reqSetVringCall, reqSetVringErr,
+		reqSetBackendReqFD, reqSetInflightFD, reqAddMemReg, reqRemMemReg, reqSetDeviceStateFD:
+		return true
+	}
+	return false
 }
 
 func (m *Message) needReply() bool { return m.Flags&flagNeedReply != 0 }
@@ -137,6 +154,9 @@ type conn struct {
 	c   *net.UnixConn
 	oob []byte
 	buf [headerSize + maxPayload]byte
+	// fdsCut is set when a message came with more fds than maxFDs: the
+	// kernel closed those beyond, so the message cannot be honoured.
+	fdsCut bool
 }
 
 func newConn(c *net.UnixConn) *conn {
@@ -153,8 +173,8 @@ func (c *conn) read(p []byte, fds *[]int) error {
 				err = perr
 			}
 		}
-		if flags&unix.MSG_CTRUNC != 0 && err == nil {
-			err = fmt.Errorf("%w: more than %d fds attached", errProtocol, maxFDs)
+		if flags&unix.MSG_CTRUNC != 0 {
+			c.fdsCut = true
 		}
 		p = p[n:]
 		if err != nil {
@@ -188,6 +208,7 @@ func parseRights(oob []byte, fds *[]int) error {
 // refuse it and go on.
 func (c *conn) readMessage() (*Message, error) {
 	m := &Message{}
+	c.fdsCut = false
 	hdr := c.buf[:headerSize]
 	if err := c.read(hdr, &m.FDs); err != nil {
 		m.closeFDs()
@@ -227,6 +248,7 @@ func (c *conn) readMessage() (*Message, error) {
 		}
 		return nil, err
 	}
+	m.fdsLost = c.fdsCut
 	return m, nil
 }
 
@@ -277,12 +299,12 @@ func payloadVringAddr(m *Message) (vringAddr, error) {
 		return vringAddr{}, fmt.Errorf("payload of %d bytes, want 40", len(p))
 	}
 	return vringAddr{
-		index: binary.LittleEndian.Uint32(p[0:]),
-		flags: binary.LittleEndian.Uint32(p[4:]),
-		desc:  binary.LittleEndian.Uint64(p[8:]),
-		used:  binary.LittleEndian.Uint64(p[16:]),
-		avail: binary.LittleEndian.Uint64(p[24:]),
-		// p[32:40] is the log address, unused without LOG_ALL.
+		index:  binary.LittleEndian.Uint32(p[0:]),
+		flags:  binary.LittleEndian.Uint32(p[4:]),
+		desc:   binary.LittleEndian.Uint64(p[8:]),
+		used:   binary.LittleEndian.Uint64(p[16:]),
+		avail:  binary.LittleEndian.Uint64(p[24:]),
+		logGPA: binary.LittleEndian.Uint64(p[32:]),
 	}, nil
 }
 

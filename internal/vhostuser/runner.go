@@ -476,6 +476,9 @@ func (s *server) run() {
 		}
 		s.follow(cur.heavy)
 		written := cur.handler.Serve(cur.chain.Readable, cur.chain.Writable)
+		// During a migration the reply's pages are logged before the
+		// used index publishes it.
+		cur.rn.q.LogWritten(cur.chain, written)
 		// A cheap reply is signalled with its batch (next, notifyBatch),
 		// a heavy one with the next unless the guest's queue runs low or
 		// the first reply held has waited long enough (holdBehind), a

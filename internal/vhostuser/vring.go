@@ -72,6 +72,9 @@ func (r *vring) start() error {
 		// Buffers outside guest memory (a DAX window) can be bounced
 		// through the VMM only over a negotiated back-end channel.
 		AllowUnmapped: r.b.backend.bounceUsable(),
+		Log:           &r.b.dirty,
+		LogUsed:       r.addr.flags&vringFlagLog != 0,
+		UsedLogAddr:   r.addr.logGPA,
 	}, mem)
 	if err != nil {
 		return err
