@@ -198,6 +198,10 @@ func Enter(cfg Config, files []File) (*Inside, error) {
 			closeFiles(files)
 			return nil, err
 		}
+		if err := cfg.checkStatic("/proc/self/exe"); err != nil {
+			closeFiles(files)
+			return nil, err
+		}
 		code, err := supervise(cfg, files)
 		if err != nil {
 			return nil, err

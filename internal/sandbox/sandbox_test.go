@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -196,5 +197,40 @@ func TestStopDaemon(t *testing.T) {
 				t.Errorf("%s, want %s", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestCheckStatic: a dynamically linked daemon is refused up front in the
+// modes whose last stage starts inside the share (no loader there), with
+// the loader named; a static one, or --sandbox none, passes.
+func TestCheckStatic(t *testing.T) {
+	const dynamic, static = "/bin/ls", "/bin/busybox" // busybox-static (make deps)
+	for _, bin := range []string{dynamic, static} {
+		if _, err := os.Stat(bin); err != nil {
+			t.Skipf("%s: %v", bin, err)
+		}
+	}
+	if interp, err := interpreter(static); err != nil || interp != "" {
+		t.Fatalf("interpreter(%s) = %q, %v; want a static binary", static, interp, err)
+	}
+	for _, tc := range []struct {
+		mode Mode
+		bin  string
+		fail bool
+	}{
+		{Namespace, dynamic, true},
+		{Chroot, dynamic, true},
+		{None, dynamic, false},
+		{Namespace, static, false},
+		{Chroot, static, false},
+	} {
+		cfg := Config{Mode: tc.mode}
+		err := cfg.checkStatic(tc.bin)
+		if (err != nil) != tc.fail {
+			t.Errorf("%s with %s: %v, want failure: %v", tc.mode, tc.bin, err, tc.fail)
+		}
+		if err != nil && !strings.Contains(err.Error(), "ld-linux") {
+			t.Errorf("%s with %s: %v does not name the loader", tc.mode, tc.bin, err)
+		}
 	}
 }
