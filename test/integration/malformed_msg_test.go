@@ -205,8 +205,16 @@ func TestBadRingSize(t *testing.T) {
 	_, dev, c := startAckAll(t, opts())
 	mustRefuse(t, dev, "SET_VRING_NUM on a running ring", vmm.SetVringNum, vmm.VringState{Index: 1, Num: 256}.Bytes())
 	mustRefuse(t, dev, "SET_VRING_BASE on a running ring", vmm.SetVringBase, vmm.VringState{Index: 1, Num: 5}.Bytes())
+	// A running ring's addresses stay; only its log flag may change (QEMU
+	// sends them again with VHOST_VRING_F_LOG when a migration starts).
 	a, _ := dev.Queue(1).VringAddr()
-	mustRefuse(t, dev, "SET_VRING_ADDR on a running ring", vmm.SetVringAddr, a.Bytes())
+	mustAccept(t, dev, "SET_VRING_ADDR on a running ring, same addresses", vmm.SetVringAddr, a.Bytes())
+	moved := a
+	moved.Used += 4096
+	mustRefuse(t, dev, "SET_VRING_ADDR moving a running ring", vmm.SetVringAddr, moved.Bytes())
+	unknown := a
+	unknown.Flags = 2
+	mustRefuse(t, dev, "SET_VRING_ADDR with unknown flags", vmm.SetVringAddr, unknown.Bytes())
 	c.check()
 	base, err := dev.StopQueue(1)
 	if err != nil {
@@ -530,5 +538,37 @@ func TestStrayFds(t *testing.T) {
 	stillWorks(t, dev, c)
 	if after := d.fdCount(); after > before+2 {
 		t.Errorf("daemon fds grew from %d to %d: stray fds leak", before, after)
+	}
+}
+
+// TestTooManyFds: a message carrying more than the 8 fds a vhost-user
+// message may carry (the kernel closes those beyond the daemon's room) is
+// refused when it takes fds, served when it takes none, and the connection
+// and the daemon go on, with no fd kept.
+func TestTooManyFds(t *testing.T) {
+	d, dev, c := startAckAll(t, opts())
+	fds := make([]int, 12)
+	for i := range fds {
+		fds[i] = eventfd(t)
+	}
+	before := d.fdCount()
+	for range 10 {
+		// SET_VRING_CALL takes one fd: with 12 attached it is refused.
+		mustRefuse(t, dev, "SET_VRING_CALL with 12 fds", vmm.SetVringCall, vmm.U64(1), fds...)
+		// SET_MEM_TABLE of 8 regions with 12 fds: refused, not half-mapped.
+		mustRefuse(t, dev, "SET_MEM_TABLE with 12 fds", vmm.SetMemTable, vmm.MemTableBytes(make([]vmm.MemRegion, 8)), fds...)
+		// GET_FEATURES takes none: answered, the fds closed.
+		m, err := dev.Conn.CallFlags(vmm.GetFeatures, nil, fds, false)
+		if err != nil {
+			t.Fatalf("GET_FEATURES with 12 fds: %v", err)
+		}
+		if v, err := m.U64(); err != nil || v != wantFeatures {
+			t.Fatalf("GET_FEATURES with 12 fds: %#x, %v", v, err)
+		}
+		c.check()
+	}
+	stillWorks(t, dev, c)
+	if after := d.fdCount(); after > before+2 {
+		t.Errorf("daemon fds grew from %d to %d", before, after)
 	}
 }

@@ -156,8 +156,16 @@ func TestMessageIDs(t *testing.T) {
 		m.CloseFds()
 	}
 
-	// 6, 7, 32: never negotiated, refused.
-	mustRefuse(t, dev, "SET_LOG_BASE", vmm.SetLogBase, le64(le64(nil, 4096), 0), memfd(t, 4096))
+	// 6: the dirty log (LOG_SHMFD), answered once: accepted, and refused
+	// when the fd holds less than the size claimed.
+	if m, err := cn.CallFlags(vmm.SetLogBase, le64(le64(nil, 4096), 0), []int{memfd(t, 4096)}, true); err != nil {
+		t.Errorf("SET_LOG_BASE: %v", err)
+	} else if v, err := m.U64(); err != nil || v != 0 {
+		t.Errorf("SET_LOG_BASE answered %d, %v; want 0", v, err)
+	}
+	mustRefuse(t, dev, "SET_LOG_BASE beyond its fd", vmm.SetLogBase, le64(le64(nil, 8192), 0), memfd(t, 4096))
+	connAlive(t, dev) // one answer each, NEED_REPLY or not
+	// 7, 32: not supported, refused.
 	mustRefuse(t, dev, "SET_LOG_FD", vmm.SetLogFd, nil, eventfd(t))
 	mustRefuse(t, dev, "SET_INFLIGHT_FD", vmm.SetInflightFd, vmm.Inflight{MmapSize: 4096, NumQueues: 2, QueueSize: 128}.Bytes(), memfd(t, 4096))
 
@@ -249,7 +257,10 @@ func TestRefusedFdsClosed(t *testing.T) {
 	hot := dev.Mem.Regions()[2]
 	round := func() {
 		t.Helper()
-		mustRefuse(t, dev, "SET_LOG_BASE", vmm.SetLogBase, le64(le64(nil, 4096), 0), log)
+		mustRefuse(t, dev, "SET_LOG_BASE beyond its fd", vmm.SetLogBase, le64(le64(nil, 8192), 0), log)
+		if _, err := cn.Call(vmm.SetLogBase, le64(le64(nil, 4096), 0), []int{log}); err != nil {
+			t.Fatalf("SET_LOG_BASE: %v", err)
+		}
 		mustRefuse(t, dev, "SET_LOG_FD", vmm.SetLogFd, nil, ev)
 		mustRefuse(t, dev, "SET_INFLIGHT_FD", vmm.SetInflightFd, vmm.Inflight{MmapSize: 4096, NumQueues: 2, QueueSize: 128}.Bytes(), log)
 		// Stray fds on a message that takes none.

@@ -94,6 +94,8 @@ type Device struct {
 	announced []bool   // per region: the back end knows it
 	bases     []uint32 // per queue: next avail index for the next start
 	running   bool
+	logging   bool      // between StartLogging and StopLogging
+	log       *DirtyLog // the log while logging
 	closeOnce sync.Once
 }
 
@@ -255,7 +257,11 @@ func (d *Device) StartRings() error {
 	for _, q := range d.Queues {
 		q.SetNegotiated(d.Negotiated(FEventIdx), d.Negotiated(FIndirectDesc))
 	}
-	if err := c.SetFeatures(d.Features); err != nil {
+	features := d.Features
+	if d.logging {
+		features |= Bit(FLogAll)
+	}
+	if err := c.SetFeatures(features); err != nil {
 		return err
 	}
 	if d.HasProtocol(PStatus) {
@@ -274,6 +280,11 @@ func (d *Device) StartRings() error {
 	}
 	for i := range d.Queues {
 		if err := d.startRing(i, d.bases[i]); err != nil {
+			return err
+		}
+	}
+	if d.logging {
+		if err := d.SetLogBaseFor(d.log); err != nil {
 			return err
 		}
 	}
@@ -360,7 +371,7 @@ func (d *Device) startRing(i int, base uint32) error {
 	if err := c.SetVringBase(uint32(i), base); err != nil {
 		return err
 	}
-	a, err := q.VringAddr()
+	a, err := d.ringAddr(i)
 	if err != nil {
 		return err
 	}

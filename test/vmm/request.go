@@ -157,6 +157,10 @@ func (q *Queue) SubmitFuse(r FuseRequest) (*FuseCall, error) {
 	return fc, err
 }
 
+// Writable returns the request's writable segments, in order: where the
+// device may write its reply (the dirty-log tests check which it did).
+func (f *FuseCall) Writable() []Segment { return f.out }
+
 // ErrUsedLen reports a used length larger than the writable part.
 var ErrUsedLen = errors.New("vmm: used length exceeds the writable buffers")
 
