@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -129,16 +130,19 @@ type Backend struct {
 	memory  virtqueue.MemoryMap
 	regions []virtqueue.Region // current regions; mappings held by the current table
 
-	rings       [MaxRings]*vring
-	dirty       virtqueue.DirtyLog // the migration's dirty-page log, shared by the rings
-	transfer    *transfer          // the state transfer in progress (SET_DEVICE_STATE_FD)
-	backend     BackendChannel
-	busyWorkers atomic.Int32
-	serving     atomic.Int32                        // servers holding a request, all rings (server.serving)
-	writers     [writersSize]atomic.Pointer[server] // servers writing a node, by writersIndex
-	stats       *[MaxRings]ringStats                // nil with Config.Metrics off
-	cpus        *unix.CPUSet                        // nil: one CPU, no placement (affinity.go)
-	plan        atomic.Pointer[cpuPlan]             // the rings' CPU shares, replaced by replanCPUs
+	rings    [MaxRings]*vring
+	dirty    virtqueue.DirtyLog // the migration's dirty-page log, shared by the rings
+	transfer *transfer          // the state transfer in progress (SET_DEVICE_STATE_FD)
+	// transferStall is how long a state transfer may make no progress
+	// (the constant of that name; tests shorten it).
+	transferStall time.Duration
+	backend       BackendChannel
+	busyWorkers   atomic.Int32
+	serving       atomic.Int32                        // servers holding a request, all rings (server.serving)
+	writers       [writersSize]atomic.Pointer[server] // servers writing a node, by writersIndex
+	stats         *[MaxRings]ringStats                // nil with Config.Metrics off
+	cpus          *unix.CPUSet                        // nil: one CPU, no placement (affinity.go)
+	plan          atomic.Pointer[cpuPlan]             // the rings' CPU shares, replaced by replanCPUs
 }
 
 // NewBackend returns a back end for cfg.
@@ -161,7 +165,7 @@ func NewBackend(cfg Config) (*Backend, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	b := &Backend{cfg: cfg, log: cfg.Logger, cpus: allCPUs()}
+	b := &Backend{cfg: cfg, log: cfg.Logger, cpus: allCPUs(), transferStall: transferStall}
 	if cfg.Metrics {
 		b.stats = new([MaxRings]ringStats)
 	}

@@ -60,7 +60,7 @@ const maxLogSize = 1 << 30
 // transferStall bounds how long a state transfer waits for the pipe to
 // move: a front end that neither reads nor closes it fails the transfer
 // instead of holding the message loop in CHECK_DEVICE_STATE.
-var transferStall = time.Minute
+const transferStall = time.Minute
 
 // migrationMessage handles the migration messages that, once negotiated,
 // have an answer of their own, which a refusal must send too.
@@ -191,13 +191,12 @@ func (b *Backend) setDeviceStateFD(m *Message) ([]byte, error) {
 	}
 	t := &transfer{dir: dir, f: os.NewFile(uintptr(fd), "device-state"), done: make(chan struct{})}
 	b.transfer = t
-	state := b.cfg.State
-	log := b.log
+	state, log, stall := b.cfg.State, b.log, b.transferStall
 	go func() {
 		defer close(t.done)
 		start := time.Now()
 		if dir == transferSave {
-			w := &stallWriter{f: t.f}
+			w := &stallWriter{f: t.f, stall: stall}
 			t.err = state.SaveState(w)
 			if cerr := t.f.Close(); t.err == nil && cerr != nil {
 				t.err = cerr
@@ -205,7 +204,7 @@ func (b *Backend) setDeviceStateFD(m *Message) ([]byte, error) {
 			log.Info("device state saved", "bytes", w.n, "took", time.Since(start), "err", t.err)
 			return
 		}
-		r := &stallReader{f: t.f}
+		r := &stallReader{f: t.f, stall: stall}
 		t.err = state.LoadState(r)
 		t.f.Close()
 		log.Info("device state loaded", "bytes", r.n, "took", time.Since(start), "err", t.err)
@@ -250,28 +249,30 @@ func (b *Backend) abortTransfer() {
 }
 
 // stallReader and stallWriter fail an I/O on the pipe that makes no
-// progress for transferStall, and count the bytes moved.
+// progress for stall, and count the bytes moved.
 type stallReader struct {
-	f *os.File
-	n int64
+	f     *os.File
+	stall time.Duration
+	n     int64
 }
 
 func (r *stallReader) Read(p []byte) (int, error) {
-	r.f.SetReadDeadline(time.Now().Add(transferStall))
+	r.f.SetReadDeadline(time.Now().Add(r.stall))
 	n, err := r.f.Read(p)
 	r.n += int64(n)
 	return n, err
 }
 
 type stallWriter struct {
-	f *os.File
-	n int64
+	f     *os.File
+	stall time.Duration
+	n     int64
 }
 
 func (w *stallWriter) Write(p []byte) (int, error) {
 	var done int
 	for done < len(p) {
-		w.f.SetWriteDeadline(time.Now().Add(transferStall))
+		w.f.SetWriteDeadline(time.Now().Add(w.stall))
 		n, err := w.f.Write(p[done:])
 		done += n
 		w.n += int64(n)
