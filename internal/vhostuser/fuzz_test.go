@@ -31,10 +31,14 @@ func newTestBackend(t testing.TB, tag string) *Backend {
 		Tag:           tag,
 		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Handler:       HandlerFunc(func(int) RequestHandler { return echoHandler{} }),
+		State:         &fakeState{save: []byte("STATE")},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A transfer through an fd that never moves (an eventfd) must not
+	// hold the message loop for the production minute.
+	b.transferStall = 50 * time.Millisecond
 	return b
 }
 
@@ -129,6 +133,16 @@ func FuzzMessages(f *testing.F) {
 	table = append(table, region(0, 1<<15, 0x1000, 0)...)
 	table = append(table, region(1<<15, 1<<15, 0x100000, 1<<15)...)
 	f.Add(msg(reqSetMemTable, 9, table), []byte{2})
+	// Migration: the log, LOG_ALL, a state transfer and its check.
+	var mig []byte
+	mig = append(mig, msg(reqSetProtocolFeatures, 1, u64(protoReplyAck|protoLogShmFD|protoDeviceState))...)
+	mig = append(mig, msg(reqSetLogBase, 9, append(u64(4096), u64(0)...))...)
+	mig = append(mig, msg(reqSetFeatures, 9, u64(featVersion1|featProtocolFeatures|featLogAll))...)
+	mig = append(mig, msg(reqSetDeviceStateFD, 1, st(transferLoad, phaseStopped))...)
+	mig = append(mig, msg(reqCheckDeviceState, 1, nil)...)
+	mig = append(mig, msg(reqSetDeviceStateFD, 1, st(transferSave, phaseStopped))...)
+	mig = append(mig, msg(reqCheckDeviceState, 1, nil)...)
+	f.Add(mig, []byte{0, 0x12, 0, 0x11, 0, 0x11, 0}) // a memfd log, pipe ends
 	f.Add(msg(reqGetConfig, 1, append(st(0, 40), append(make([]byte, 4), make([]byte, 40)...)...)), []byte{0})
 	f.Add(msg(reqRemMemReg, 9, append(make([]byte, 8), region(0, 1<<16, 0, 0)...)), []byte{1})
 	f.Add(msg(99, 9, nil), []byte{3})
