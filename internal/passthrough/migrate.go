@@ -1,6 +1,8 @@
 package passthrough
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"log/slog"
@@ -306,13 +308,13 @@ func (f *FS) searchShare(missing []*inode, paths map[*inode]string, stop <-chan 
 				break
 			}
 			for rec := buf[:n]; len(rec) >= 19; {
-				reclen := int(rec[16]) | int(rec[17])<<8
+				reclen := int(binary.LittleEndian.Uint16(rec[16:]))
 				if reclen < 19 || reclen > len(rec) {
 					break
 				}
-				dino, dtype, name := nativeEndianU64(rec), rec[18], rec[19:reclen]
+				dino, dtype, name := binary.LittleEndian.Uint64(rec), rec[18], rec[19:reclen]
 				rec = rec[reclen:]
-				if k := indexNUL(name); k >= 0 {
+				if k := bytes.IndexByte(name, 0); k >= 0 {
 					name = name[:k]
 				}
 				if len(name) == 0 || isDotOrDotDot(name) {
@@ -383,22 +385,6 @@ func (f *FS) openSearchDir(rel string) (int, bool) {
 	var b fdName
 	fd, e := sysOpenat(f.procSelfFD, procName(&b, pfd), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	return fd, e == 0
-}
-
-func indexNUL(b []byte) int {
-	for k, c := range b {
-		if c == 0 {
-			return k
-		}
-	}
-	return -1
-}
-
-// nativeEndianU64 reads a linux_dirent64's d_ino (little-endian on every
-// architecture this daemon runs on; dir.go assumes the same).
-func nativeEndianU64(b []byte) uint64 {
-	return uint64(b[0]) | uint64(b[1])<<8 | uint64(b[2])<<16 | uint64(b[3])<<24 |
-		uint64(b[4])<<32 | uint64(b[5])<<40 | uint64(b[6])<<48 | uint64(b[7])<<56
 }
 
 // --- source: SaveState ---
