@@ -577,7 +577,11 @@ func (f *FS) stage(s *migState, caps uint64) (_ *staged, err error) {
 		var i *inode
 		why := "unreachable on the source"
 		if !r.Unreachable {
-			i, why = f.reopenInode(r)
+			var e syscall.Errno
+			i, why, e = f.reopenInode(r)
+			if outOfResources(e) {
+				return nil, fmt.Errorf("migration: node %#x (%q): %s", r.ID, r.Path, why)
+			}
 			if i != nil {
 				if other, dup := keys[i.key]; dup {
 					i.put()
@@ -610,7 +614,11 @@ func (f *FS) stage(s *migState, caps uint64) (_ *staged, err error) {
 		if i.stale {
 			why = "its inode is stale"
 		} else {
-			h.fd, h.flags, why = f.reopenHandle(i, r, writeback)
+			var e syscall.Errno
+			h.fd, h.flags, why, e = f.reopenHandle(i, r, writeback)
+			if outOfResources(e) {
+				return nil, fmt.Errorf("migration: handle %#x of node %#x: %s", r.ID, r.Inode, why)
+			}
 		}
 		if h.fd < 0 {
 			if abort {
@@ -633,44 +641,51 @@ func (f *FS) stage(s *migState, caps uint64) (_ *staged, err error) {
 	return st, nil
 }
 
+// outOfResources tells the errors of this daemon's limits (fds, memory)
+// from those of the object: they fail a load whatever OnError says, since
+// the object itself may be fine.
+func outOfResources(e syscall.Errno) bool {
+	return e == syscall.EMFILE || e == syscall.ENFILE || e == syscall.ENOMEM
+}
+
 // reopenInode opens r's path beneath the shared directory and makes an
-// inode of it (nil and why not when it does not open, or opens as another
-// type).
-func (f *FS) reopenInode(r *inodeRecord) (*inode, string) {
+// inode of it (nil, why not and the errno when it does not open, or opens
+// as another type).
+func (f *FS) reopenInode(r *inodeRecord) (*inode, string, syscall.Errno) {
 	fd, e := f.openBeneath(r.Path)
 	if e != 0 {
-		return nil, "open: " + e.Error()
+		return nil, "open: " + e.Error(), e
 	}
 	var sx unix.Statx_t
 	if e := statxFD(fd, &sx); e != 0 {
 		f.closeInodeFD(fd)
-		return nil, "statx: " + e.Error()
+		return nil, "statx: " + e.Error(), e
 	}
 	if t := uint32(sx.Mode) & unix.S_IFMT; t != r.Type {
 		f.closeInodeFD(fd)
-		return nil, fmt.Sprintf("type %#o, saved as %#o", t, r.Type)
+		return nil, fmt.Sprintf("type %#o, saved as %#o", t, r.Type), 0
 	}
 	key, fh, e := f.keyFor(fd, &sx)
 	if e != 0 {
 		f.closeInodeFD(fd)
-		return nil, "file handle: " + e.Error()
+		return nil, "file handle: " + e.Error(), e
 	}
 	i, e := f.newInode(fd, &sx, key, fh)
 	if e != 0 {
-		return nil, "file handle: " + e.Error()
+		return nil, "file handle: " + e.Error(), e
 	}
-	return i, ""
+	return i, "", 0
 }
 
 // reopenHandle opens i for handle record r as OPEN (or OPENDIR) would:
 // through /proc/self/fd, only regular files and directories. It returns the
-// fd and host flags, or -1 and why not.
-func (f *FS) reopenHandle(i *inode, r *handleRecord, writeback bool) (int, int, string) {
+// fd and host flags, or -1, why not and the errno.
+func (f *FS) reopenHandle(i *inode, r *handleRecord, writeback bool) (int, int, string, syscall.Errno) {
 	fl := unix.O_RDONLY | unix.O_DIRECTORY
 	if !r.Dir {
 		fl = f.hostOpenFlagsWB(r.Flags, writeback) &^ (unix.O_TRUNC | unix.O_CLOEXEC)
 		if f.opts.ReadOnly && writes(fl) {
-			return -1, 0, "opened for writing, and the share is read-only here"
+			return -1, 0, "opened for writing, and the share is read-only here", syscall.EROFS
 		}
 		if i.isDir() {
 			fl |= unix.O_DIRECTORY
@@ -678,17 +693,17 @@ func (f *FS) reopenHandle(i *inode, r *handleRecord, writeback bool) (int, int, 
 	}
 	p, e := f.pathOf(i)
 	if e != 0 {
-		return -1, 0, e.Error()
+		return -1, 0, e.Error(), e
 	}
 	defer p.put()
 	fd, e := f.reopen(p, fl)
 	if e != 0 {
-		return -1, 0, "open: " + e.Error()
+		return -1, 0, "open: " + e.Error(), e
 	}
 	if r.Dir {
 		fl = unix.O_RDONLY
 	}
-	return fd, fl | unix.O_CLOEXEC, ""
+	return fd, fl | unix.O_CLOEXEC, "", 0
 }
 
 // install replaces the session with the staged objects.

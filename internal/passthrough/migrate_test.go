@@ -810,3 +810,38 @@ func FuzzLoadState(f *testing.F) {
 		}
 	})
 }
+
+// Running out of fds while reopening fails the load whatever OnError says
+// (the objects are fine: installing them stale would be wrong), and leaks
+// nothing.
+func TestMigrateEMFILE(t *testing.T) {
+	runHelper(t, "migrate-emfile", nil)
+}
+
+func helperMigrateEMFILE(t *testing.T) {
+	src := newTestFS(t, Options{})
+	const files = 300
+	for k := range files {
+		os.WriteFile(src.path(fmt.Sprint(k)), []byte("x"), 0o644)
+		src.open(src.lookup(rootID, fmt.Sprint(k)).NodeId, unix.O_RDONLY)
+	}
+	b := save(t, src.FS)
+	dst := newDest(t, src, Options{Migration: MigrationOptions{OnError: MigrationGuestError}})
+	var rl unix.Rlimit
+	unix.Getrlimit(unix.RLIMIT_NOFILE, &rl)
+	before := openFDs(t)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(before + 100), Max: rl.Max}); err != nil {
+		t.Fatal(err)
+	}
+	err := dst.LoadState(bytes.NewReader(b), src.caps.Load())
+	if err == nil || !strings.Contains(err.Error(), "too many open files") {
+		t.Fatalf("LoadState out of fds: %v", err)
+	}
+	if n := openFDs(t); n != before || dst.Stats() != (Stats{InodeFDs: dst.baseFDs}) {
+		t.Fatalf("fds %d → %d, stats %+v", before, n, dst.Stats())
+	}
+	unix.Setrlimit(unix.RLIMIT_NOFILE, &rl)
+	if err := dst.LoadState(bytes.NewReader(b), src.caps.Load()); err != nil {
+		t.Fatal(err)
+	}
+}
