@@ -38,7 +38,9 @@ FUZZ_TARGETS := \
 	./internal/virtqueue:FuzzChainWalk \
 	./internal/bufvec:FuzzCursor \
 	./internal/vhostuser:FuzzMessages \
-	./internal/fuse:FuzzServe
+	./internal/fuse:FuzzServe \
+	./internal/fuse:FuzzLoadStateHeader \
+	./internal/passthrough:FuzzLoadState
 
 .PHONY: all build deps test unit integration-sandbox e2e e2e-full fuzz fuzz-short bench bench-guest soak clean
 

@@ -81,7 +81,8 @@ func (q *Queue) doInit(in, out *bufvec.Vec) (int, syscall.Errno) {
 	s.mu.Lock()
 	s.sess.Store(nil)
 	s.fs.Init(caps)
-	s.sess.Store(&session{minor: minor, caps: caps})
+	s.sess.Store(&session{minor: minor, caps: caps, maxWrite: o.MaxWrite, maxPages: o.MaxPages,
+		maxReadahead: o.MaxReadAhead})
 	s.mu.Unlock()
 	s.log.Info("FUSE session started", "queue", q.index, "client", versionString(a.Major, a.Minor),
 		"negotiated", versionString(KernelVersion, minor), "flags", caps, "max_write", o.MaxWrite,

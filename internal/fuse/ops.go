@@ -40,12 +40,14 @@ func (q *Queue) doRead(in, out *bufvec.Vec) (int, syscall.Errno) {
 	return n, 0
 }
 
-func (q *Queue) doWrite(in, out *bufvec.Vec) (int, syscall.Errno) {
+func (q *Queue) doWrite(in, out *bufvec.Vec, sess *session) (int, syscall.Errno) {
 	a := &q.a.write
 	if errno := q.readArgs(in, unsafe.Pointer(a), writeInSize, unsafe.Sizeof(*a)); errno != 0 {
 		return 0, errno
 	}
-	if int(a.Size) != in.Len() || a.Size > q.s.opts.MaxWrite || !room(out, writeOutSize) {
+	// The session's max_write: the one INIT told the guest, which a
+	// migrated session keeps whatever this daemon's options say.
+	if int(a.Size) != in.Len() || a.Size > sess.maxWrite || !room(out, writeOutSize) {
 		return 0, syscall.EINVAL
 	}
 	n, errno := q.s.fs.Write(a, in)

@@ -79,11 +79,14 @@ func (o *ServerOptions) defaults() {
 	}
 }
 
-// session is what INIT negotiated. It is replaced, never modified, so the
-// queues read it with one atomic load.
+// session is what INIT negotiated (or LoadState restored). It is replaced,
+// never modified, so the queues read it with one atomic load.
 type session struct {
-	minor uint32
-	caps  uint64 // gofuse.CAP_* bits, flags | flags2<<32
+	minor        uint32
+	caps         uint64 // gofuse.CAP_* bits, flags | flags2<<32
+	maxWrite     uint32 // told to the guest
+	maxPages     uint16 // told to the guest with CAP_MAX_PAGES, else 0
+	maxReadahead uint32 // the guest's, echoed
 }
 
 // Server serves FUSE requests for one virtio-fs device.
@@ -95,8 +98,8 @@ type Server struct {
 
 	// sess is nil before INIT and after DESTROY.
 	sess atomic.Pointer[session]
-	// mu serialises INIT and DESTROY and guards stats (never taken on
-	// other requests).
+	// mu serialises INIT, DESTROY, SaveState and LoadState and guards
+	// stats (never taken on other requests).
 	mu    sync.Mutex
 	stats []*queueStats // one per Queue, with ServerOptions.Metrics
 }
@@ -301,7 +304,7 @@ func (q *Queue) dispatch(in, out *bufvec.Vec) (int, syscall.Errno) {
 	case OpRead:
 		return q.doRead(in, out)
 	case OpWrite:
-		return q.doWrite(in, out)
+		return q.doWrite(in, out, sess)
 	case OpGetattr:
 		return q.doGetattr(in, out)
 	case OpLookup:

@@ -210,11 +210,14 @@ func (f *FS) GetAttr(in *gofuse.GetAttrIn, out *gofuse.AttrOut) syscall.Errno {
 	defer i.put()
 	var st syscall.Stat_t
 	if in.Flags()&gofuse.FUSE_GETATTR_FH != 0 {
-		h := f.handles.get(in.Fh())
-		if h != nil && h.ino == i.inode && h.tryRef() {
+		h, herr := f.handleOf(in.Fh(), i.inode)
+		switch {
+		case herr != 0:
+			return herr
+		case h != nil:
 			errno = sysFstat(h.fd, &st)
 			h.put()
-		} else {
+		default:
 			errno = sysFstat(i.fd, &st)
 		}
 	} else {
@@ -292,8 +295,11 @@ func (f *FS) SetAttr(in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
 	}
 	hfd := -1
 	if valid&gofuse.FATTR_FH != 0 {
-		h := f.handles.get(in.Fh)
-		if h == nil || h.ino != i.inode || !h.tryRef() {
+		h, herr := f.handleOf(in.Fh, i.inode)
+		if herr != 0 {
+			return herr
+		}
+		if h == nil {
 			return syscall.EBADF
 		}
 		defer h.put()

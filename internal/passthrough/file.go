@@ -22,10 +22,16 @@ import (
 //   - O_NOATIME is kept only with preserve_noatime (it fails with EPERM
 //     for files the daemon does not own without CAP_FOWNER).
 func (f *FS) hostOpenFlags(guest uint32) int {
+	return f.hostOpenFlagsWB(guest, f.writeback.Load())
+}
+
+// hostOpenFlagsWB is hostOpenFlags for a session with writeback cache or
+// not (LoadState reopens handles before it installs the session).
+func (f *FS) hostOpenFlagsWB(guest uint32, writeback bool) int {
 	fl := int(guest)
 	fl &^= unix.O_CREAT | unix.O_EXCL | unix.O_NOCTTY | unix.O_NOFOLLOW | unix.O_PATH |
 		unix.O_TMPFILE | unix.O_DIRECTORY | unix.O_CLOEXEC | unix.O_ASYNC
-	if f.writeback.Load() {
+	if writeback {
 		if fl&unix.O_ACCMODE == unix.O_WRONLY {
 			fl = fl&^unix.O_ACCMODE | unix.O_RDWR
 		}

@@ -153,6 +153,53 @@ type Options struct {
 	// host (--translate-uid/--translate-gid); nil: ids pass unchanged.
 	TranslateUID *IDMap
 	TranslateGID *IDMap
+
+	// Migration tunes live migration (SaveState, LoadState).
+	Migration MigrationOptions
+}
+
+// MigrationOnError is what a migration destination does with an inode it
+// cannot reopen (the Rust daemon's --migration-on-error).
+type MigrationOnError int
+
+const (
+	// MigrationAbort fails LoadState, so the migration fails and the VM
+	// stays on the source.
+	MigrationAbort MigrationOnError = iota
+	// MigrationGuestError installs the inode, and its handles, as stale:
+	// every request on them answers ESTALE; FORGET and RELEASE free them.
+	MigrationGuestError
+)
+
+// ParseMigrationOnError parses abort|guest-error.
+func ParseMigrationOnError(s string) (MigrationOnError, error) {
+	switch s {
+	case "abort", "":
+		return MigrationAbort, nil
+	case "guest-error":
+		return MigrationGuestError, nil
+	}
+	return 0, fmt.Errorf("unknown migration error policy %q (abort|guest-error)", s)
+}
+
+func (m MigrationOnError) String() string {
+	if m == MigrationGuestError {
+		return "guest-error"
+	}
+	return "abort"
+}
+
+// MigrationOptions configure live migration in find-paths mode: the source
+// sends a path below the shared directory for every inode, the destination
+// reopens them.
+type MigrationOptions struct {
+	// OnError: see MigrationOnError (destination side).
+	OnError MigrationOnError
+	// ConfirmPaths re-checks at save every path collected when the
+	// migration started and finds it again if it no longer leads to the
+	// same object, so a host-side rename during the migration is
+	// followed (the Rust daemon's --migration-confirm-paths; source side).
+	ConfirmPaths bool
 }
 
 // rootID is FUSE_ROOT_ID.
@@ -195,6 +242,8 @@ type FS struct {
 
 	locks    atomic.Int64 // lock owner fds held
 	maxLocks int64
+
+	mig migration
 
 	// fd accounting (for tests and metrics)
 	inodeFDs  atomic.Int64
@@ -301,6 +350,7 @@ const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS | unix.RE
 // Close releases every inode and handle and the root. The FS must not be
 // used afterwards.
 func (f *FS) Close() error {
+	f.stopCollecting(true)
 	f.reset()
 	f.creds.stop()
 	f.closeOnce.Do(func() {
@@ -348,6 +398,12 @@ func (f *FS) Init(caps uint64) {
 	if f.initDone {
 		f.reset()
 	}
+	f.setSession(caps)
+}
+
+// setSession records a session's capabilities (Init, LoadState). The
+// caller holds sessionMu.
+func (f *FS) setSession(caps uint64) {
 	f.initDone = true
 	f.caps.Store(caps)
 	f.writeback.Store(caps&gofuse.CAP_WRITEBACK_CACHE != 0)

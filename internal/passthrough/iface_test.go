@@ -7,3 +7,6 @@ import (
 
 // FS satisfies the server's interface without importing internal/fuse.
 var _ fuse.FileSystem = (*passthrough.FS)(nil)
+
+// FS migrates.
+var _ fuse.MigratableFileSystem = (*passthrough.FS)(nil)

@@ -21,6 +21,9 @@ type inodeKey struct {
 	// without an fd pinning the object, an inode number can be reused by
 	// a new file, which the handle's generation tells apart.
 	handle string
+	// stale marks the key of a stale inode (ino is then its node id): it
+	// is unique and equals no host object's key.
+	stale bool
 }
 
 func keyOf(st *unix.Statx_t) inodeKey {
@@ -60,6 +63,10 @@ type inode struct {
 	// mutex. pinned inodes (the root) ignore it.
 	nlookup uint64
 	pinned  bool
+	// stale inodes were restored by a migration (MigrationGuestError)
+	// without a host object: fd is -1, fh nil, and every request on
+	// them answers ESTALE; FORGET still drops them.
+	stale bool
 
 	// POSIX lock state: one open file description per lock owner.
 	lockMu sync.Mutex
@@ -196,6 +203,14 @@ type handle struct {
 	refs  atomic.Int64
 
 	dir *dirStream // directories only
+
+	// stale handles were restored by a migration without an open file
+	// (fd is -1): every request on them answers ESTALE, RELEASE frees
+	// them.
+	stale bool
+	// flocked is set while a flock(2) lock may be held on fd (logged,
+	// not migrated, by SaveState).
+	flocked atomic.Bool
 }
 
 func (h *handle) tableID() uint64      { return h.id }
@@ -217,8 +232,10 @@ func (h *handle) put() {
 	if h.refs.Add(-1) != 0 {
 		return
 	}
-	sysClose(h.fd)
-	h.ino.fs.handleFDs.Add(-1)
+	if h.fd >= 0 {
+		sysClose(h.fd)
+		h.ino.fs.handleFDs.Add(-1)
+	}
 	h.ino.put()
 }
 
@@ -251,8 +268,12 @@ func (f *FS) node(id uint64) *inode {
 	return f.nodes.get(id)
 }
 
-// pathOf takes a use reference on i and provides an O_PATH fd for it.
+// pathOf takes a use reference on i and provides an O_PATH fd for it. Every
+// use of an inode's fd goes through here, so a stale inode answers ESTALE.
 func (f *FS) pathOf(i *inode) (iref, syscall.Errno) {
+	if i.stale {
+		return iref{}, syscall.ESTALE
+	}
 	if !i.tryRef() {
 		return iref{}, syscall.EBADF
 	}
@@ -273,6 +294,9 @@ func (f *FS) getDir(id uint64) (iref, syscall.Errno) {
 	if i == nil {
 		return iref{}, syscall.EBADF
 	}
+	if i.stale {
+		return iref{}, syscall.ESTALE
+	}
 	if !i.isDir() {
 		return iref{}, syscall.ENOTDIR
 	}
@@ -282,8 +306,31 @@ func (f *FS) getDir(id uint64) (iref, syscall.Errno) {
 // getHandle resolves a file handle from the guest and takes a use reference.
 func (f *FS) getHandle(fh uint64, kind handleKind) (*handle, syscall.Errno) {
 	h := f.handles.get(fh)
-	if h == nil || h.kind != kind || !h.tryRef() {
+	if h == nil || h.kind != kind {
 		return nil, syscall.EBADF
+	}
+	if h.stale {
+		return nil, syscall.ESTALE
+	}
+	if !h.tryRef() {
+		return nil, syscall.EBADF
+	}
+	return h, 0
+}
+
+// handleOf is getHandle for the optional handle of a request on inode i
+// (GETATTR and STATX with FUSE_GETATTR_FH, SETATTR with FATTR_FH): nil
+// without an error when fh is unknown or belongs to another inode.
+func (f *FS) handleOf(fh uint64, i *inode) (*handle, syscall.Errno) {
+	h := f.handles.get(fh)
+	if h == nil || h.ino != i {
+		return nil, 0
+	}
+	if h.stale {
+		return nil, syscall.ESTALE
+	}
+	if !h.tryRef() {
+		return nil, 0
 	}
 	return h, 0
 }
@@ -294,19 +341,11 @@ func (f *FS) getHandle(fh uint64, kind handleKind) (*handle, syscall.Errno) {
 // the caller's lookup keeps it alive until the guest forgets it, and the
 // caller only reads its immutable fields.
 func (f *FS) intern(fd int, st *unix.Statx_t) (*inode, syscall.Errno) {
-	key := keyOf(st)
-	var fh *fileHandle
-	if f.useHandles {
-		h, err := nameToHandle(fd)
-		switch {
-		case err == nil:
-			key.handle = handleKey(h)
-			fh = &fileHandle{h: h}
-		case f.opts.InodeFileHandles == FileHandlesMandatory:
-			sysClose(fd)
-			f.inodeFDs.Add(-1)
-			return nil, toErrno(err)
-		}
+	key, fh, errno := f.keyFor(fd, st)
+	if errno != 0 {
+		sysClose(fd)
+		f.inodeFDs.Add(-1)
+		return nil, errno
 	}
 	ks := &f.keys[key.hash()%keyShards]
 	ks.mu.Lock()
@@ -319,6 +358,44 @@ func (f *FS) intern(fd int, st *unix.Statx_t) (*inode, syscall.Errno) {
 		f.inodeFDs.Add(-1)
 		return i, 0
 	}
+	i, errno := f.newInode(fd, st, key, fh)
+	if errno != 0 {
+		ks.mu.Unlock()
+		return nil, errno
+	}
+	if !f.nodes.insert(key.hash(), i) {
+		ks.mu.Unlock()
+		i.put()
+		return nil, syscall.ENFILE
+	}
+	ks.m[key] = i
+	ks.mu.Unlock()
+	return i, 0
+}
+
+// keyFor returns the key of the object behind O_PATH fd (whose statx is st)
+// and, in file handle mode, its file handle.
+func (f *FS) keyFor(fd int, st *unix.Statx_t) (inodeKey, *fileHandle, syscall.Errno) {
+	key := keyOf(st)
+	if !f.useHandles {
+		return key, nil, 0
+	}
+	h, err := nameToHandle(fd)
+	switch {
+	case err == nil:
+		key.handle = handleKey(h)
+		return key, &fileHandle{h: h}, 0
+	case f.opts.InodeFileHandles == FileHandlesMandatory:
+		return key, nil, toErrno(err)
+	}
+	return key, nil, 0
+}
+
+// newInode makes the inode for O_PATH fd (key and fh from keyFor) with one
+// guest lookup and the table's reference, in no table yet. It takes
+// ownership of fd, closing it on failure or when the inode is held by
+// file handle.
+func (f *FS) newInode(fd int, st *unix.Statx_t, key inodeKey, fh *fileHandle) (*inode, syscall.Errno) {
 	i := &inode{key: key, fd: fd, ftype: uint32(st.Mode) & unix.S_IFMT, nlookup: 1, fs: f}
 	if fh != nil {
 		opath := -1
@@ -331,20 +408,12 @@ func (f *FS) intern(fd int, st *unix.Statx_t) (*inode, syscall.Errno) {
 			sysClose(fd)
 			f.inodeFDs.Add(-1)
 		} else if f.opts.InodeFileHandles == FileHandlesMandatory {
-			ks.mu.Unlock()
 			sysClose(fd)
 			f.inodeFDs.Add(-1)
 			return nil, syscall.EOPNOTSUPP
 		}
 	}
 	i.refs.Store(1)
-	if !f.nodes.insert(key.hash(), i) {
-		ks.mu.Unlock()
-		i.put()
-		return nil, syscall.ENFILE
-	}
-	ks.m[key] = i
-	ks.mu.Unlock()
 	return i, 0
 }
 

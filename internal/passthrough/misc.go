@@ -108,7 +108,11 @@ func (f *FS) Statx(in *gofuse.StatxIn, out *gofuse.StatxOut) syscall.Errno {
 	defer i.put()
 	fd := i.fd
 	if in.GetattrFlags&gofuse.FUSE_GETATTR_FH != 0 {
-		if h := f.handles.get(in.Fh); h != nil && h.ino == i.inode && h.tryRef() {
+		h, herr := f.handleOf(in.Fh, i.inode)
+		if herr != 0 {
+			return herr
+		}
+		if h != nil {
 			defer h.put()
 			fd = h.fd
 		}
@@ -512,6 +516,9 @@ func (f *FS) SetLk(in *gofuse.LkIn, wait bool) syscall.Errno {
 		err := unix.Flock(h.fd, op|unix.LOCK_NB)
 		if err == unix.EWOULDBLOCK {
 			return syscall.EAGAIN
+		}
+		if err == nil {
+			h.flocked.Store(op != unix.LOCK_UN)
 		}
 		return toErrno(err)
 	}

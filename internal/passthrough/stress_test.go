@@ -257,6 +257,8 @@ func TestHelperProcess(t *testing.T) {
 		helperEMFILE(t)
 	case "setgid":
 		helperSetgid(t)
+	case "migrate-emfile":
+		helperMigrateEMFILE(t)
 	}
 }
 

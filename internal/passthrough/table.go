@@ -85,18 +85,26 @@ func (t *slotTable[T, P]) insert(hint uint32, obj P) bool {
 	s := &t.shards[si]
 	s.mu.Lock()
 	var idx uint32
-	if n := len(s.free); n > 0 {
-		idx = s.free[n-1]
-		s.free = s.free[:n-1]
-	} else {
-		if s.next >= maxLocal {
-			s.mu.Unlock()
-			return false
+	var sl *slot[T]
+	for {
+		if n := len(s.free); n > 0 {
+			idx = s.free[n-1]
+			s.free = s.free[:n-1]
+		} else {
+			if s.next >= maxLocal {
+				s.mu.Unlock()
+				return false
+			}
+			idx = s.next*tableShards + si
+			s.next++
 		}
-		idx = s.next*tableShards + si
-		s.next++
+		sl = t.slotFor(idx)
+		// insertAt may have taken a slot that was on the free list:
+		// its entry is dropped here rather than searched for there.
+		if sl.p.Load() == nil {
+			break
+		}
 	}
-	sl := t.slotFor(idx)
 	sl.gen++
 	if sl.gen == 0 {
 		sl.gen = 1
@@ -106,6 +114,57 @@ func (t *slotTable[T, P]) insert(hint uint32, obj P) bool {
 	s.mu.Unlock()
 	t.count.Add(1)
 	return true
+}
+
+// insertAt stores obj under exactly id (a migrated id the guest already
+// holds) and returns false when id's index is out of range or its slot is
+// taken. The slot's generation becomes id's, so the slot's next reuse
+// hands out a different id. Every never-used index of the shard below id's
+// goes on the free list, and an index already there stays (insert drops
+// entries whose slot is taken), so the table never hands out an id in use
+// and insertAt costs O(1) amortised whatever the order of the ids.
+func (t *slotTable[T, P]) insertAt(id uint64, obj P) bool {
+	idx := uint32(id)
+	if id>>32 == 0 && idx == 0 || idx >= maxSlots {
+		return false
+	}
+	si, local := idx%tableShards, idx/tableShards
+	s := &t.shards[si]
+	s.mu.Lock()
+	sl := t.slotFor(idx)
+	if sl.p.Load() != nil {
+		s.mu.Unlock()
+		return false
+	}
+	for ; s.next < local; s.next++ {
+		s.free = append(s.free, s.next*tableShards+si)
+	}
+	if s.next == local {
+		s.next++
+	}
+	sl.gen = uint32(id >> 32)
+	obj.setTableID(id)
+	sl.p.Store((*T)(obj))
+	s.mu.Unlock()
+	t.count.Add(1)
+	return true
+}
+
+// each calls fn on every object in the table. It takes no lock: objects
+// inserted or removed meanwhile may or may not be seen, and fn gets no
+// reference (use tryRef).
+func (t *slotTable[T, P]) each(fn func(P)) {
+	for c := range t.chunks {
+		ch := t.chunks[c].Load()
+		if ch == nil {
+			continue
+		}
+		for j := range ch {
+			if p := P(ch[j].p.Load()); p != nil {
+				fn(p)
+			}
+		}
+	}
 }
 
 // remove drops id from the table and reports whether it was present.

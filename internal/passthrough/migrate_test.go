@@ -1,0 +1,847 @@
+package passthrough
+
+import (
+	"bytes"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// newDest returns a fresh file system over src's shared directory, as a
+// migration destination is: no INIT.
+func newDest(t *testing.T, src *testFS, opts Options) *testFS {
+	t.Helper()
+	if opts.InodeFileHandles == FileHandlesNever && os.Getenv("PT_FILE_HANDLES") == "prefer" {
+		opts.InodeFileHandles = FileHandlesPrefer
+	}
+	f, err := New(src.dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return &testFS{FS: f, t: t, dir: src.dir, base: src.base, baseFDs: f.Stats().InodeFDs}
+}
+
+func save(t *testing.T, f *FS) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	if err := f.SaveState(&b); err != nil {
+		t.Fatalf("SaveState: %v", err)
+	}
+	return b.Bytes()
+}
+
+func decoded(t *testing.T, b []byte) *migState {
+	t.Helper()
+	s, err := decodeState(bytes.NewReader(b), maxStateSize)
+	if err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	return s
+}
+
+// openFDs counts the process's open fds.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+func (tf *testFS) nlookup(id uint64) uint64 {
+	i := tf.nodes.get(id)
+	if i == nil {
+		tf.t.Fatalf("node %#x missing", id)
+	}
+	ks := &tf.keys[i.key.hash()%keyShards]
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	return i.nlookup
+}
+
+func (tf *testFS) ids() (nodes, handles []uint64) {
+	tf.nodes.each(func(i *inode) { nodes = append(nodes, i.id) })
+	tf.handles.each(func(h *handle) { handles = append(handles, h.id) })
+	slices.Sort(nodes)
+	slices.Sort(handles)
+	return nodes, handles
+}
+
+// readdirFrom reads up to perCall entries of open directory fh from off.
+func (tf *testFS) readdirFrom(node, fh, off uint64, perCall int) (names []string, next uint64) {
+	tf.t.Helper()
+	next = off
+	in := &gofuse.ReadIn{InHeader: *hdr(node), Fh: fh, Offset: off, Size: 4096}
+	errno := tf.ReadDir(in, false, func(name []byte, ino uint64, typ uint32, o uint64) (*gofuse.EntryOut, bool) {
+		if len(names) == perCall {
+			return nil, false
+		}
+		names = append(names, string(name))
+		next = o
+		return nil, true
+	})
+	if errno != 0 {
+		tf.t.Fatalf("readdir: %v", errno)
+	}
+	return names, next
+}
+
+func TestMigrateRoundTrip(t *testing.T) {
+	src := newTestFS(t, Options{Writeback: true, PosixLocks: true, Flock: true})
+	os.Mkdir(src.path("d"), 0o755)
+	var want []string
+	for k := range 20 {
+		n := fmt.Sprintf("e%02d", k)
+		os.WriteFile(src.path("d/"+n), nil, 0o644)
+		want = append(want, n)
+	}
+	os.WriteFile(src.path("d/f"), []byte("hello"), 0o644)
+	want = append(want, "f", ".", "..")
+	slices.Sort(want)
+	os.Symlink("f", src.path("d/l"))
+	want = append(want, "l")
+	unix.Mkfifo(src.path("fifo"), 0o644)
+
+	d := src.lookup(rootID, "d").NodeId
+	src.lookup(rootID, "d")
+	f := src.lookup(d, "f").NodeId
+	l := src.lookup(d, "l").NodeId
+	fifo := src.lookup(rootID, "fifo").NodeId
+	fh := src.open(f, unix.O_RDWR)
+	rofh := src.open(f, unix.O_RDONLY)
+	dfh := src.opendir(d)
+	rootfh := src.opendir(rootID)
+	first, off := src.readdirFrom(d, dfh, 0, 5)
+	// Locks are dropped (and logged), not migrated.
+	if errno := src.SetLk(&gofuse.LkIn{InHeader: *hdr(f), Fh: fh, Owner: 1, Lk: gofuse.FileLock{Typ: unix.F_WRLCK, End: 9}}, false); errno != 0 {
+		t.Fatal(errno)
+	}
+	if errno := src.SetLk(&gofuse.LkIn{InHeader: *hdr(f), Fh: rofh, LkFlags: gofuse.LK_FLOCK, Lk: gofuse.FileLock{Typ: unix.F_RDLCK}}, false); errno != 0 {
+		t.Fatal(errno)
+	}
+
+	src.PrepareMigration()
+	b := save(t, src.FS)
+	src.CancelMigration()
+	s := decoded(t, b)
+	paths := map[uint64]string{}
+	for _, r := range s.Inodes {
+		paths[r.ID] = r.Path
+	}
+	if paths[d] != "d" || paths[f] != "d/f" || paths[l] != "d/l" || paths[fifo] != "fifo" {
+		t.Fatalf("paths %v", paths)
+	}
+
+	dst := newDest(t, src, Options{Writeback: true, PosixLocks: true, Flock: true})
+	caps := src.caps.Load()
+	if err := dst.LoadState(bytes.NewReader(b), caps); err != nil {
+		t.Fatalf("LoadState: %v", err)
+	}
+	sn, sh := src.ids()
+	dn, dh := dst.ids()
+	if !slices.Equal(sn, dn) || !slices.Equal(sh, dh) {
+		t.Fatalf("ids differ: nodes %x / %x, handles %x / %x", sn, dn, sh, dh)
+	}
+	for _, id := range sn {
+		if a, b := src.nlookup(id), dst.nlookup(id); a != b {
+			t.Fatalf("node %#x: nlookup %d on the source, %d here", id, a, b)
+		}
+	}
+	if !dst.initDone || dst.caps.Load() != caps || !dst.writeback.Load() {
+		t.Fatalf("session not restored: init %v caps %#x writeback %v", dst.initDone, dst.caps.Load(), dst.writeback.Load())
+	}
+	if st := dst.Stats(); st.Inodes != 4 || st.Handles != 4 || st.LockFDs != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+
+	// Everything works through the same ids.
+	if a := dst.getattr(f); a.Size != 5 {
+		t.Fatalf("size %d", a.Size)
+	}
+	if got := dst.read(f, fh, 0, 5); string(got) != "hello" {
+		t.Fatalf("read %q", got)
+	}
+	dst.write(f, fh, 5, []byte(" world"), 0)
+	if got := dst.read(f, rofh, 0, 64); string(got) != "hello world" {
+		t.Fatalf("read after write %q", got)
+	}
+	var lnk [64]byte
+	if n, errno := dst.Readlink(hdr(l), lnk[:]); errno != 0 || string(lnk[:n]) != "f" {
+		t.Fatalf("readlink %q %v", lnk[:n], errno)
+	}
+	// The directory handle goes on at the guest's offset on a fresh fd.
+	rest, _ := dst.readdirFrom(d, dfh, off, 1000)
+	got := append(first, rest...)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("readdir across the migration: %q, want %q", got, want)
+	}
+	if names, _ := dst.readdirFrom(rootID, rootfh, 0, 1000); len(names) != 4 {
+		t.Fatalf("root listing %q", names)
+	}
+	// New objects get ids that collide with none restored.
+	for k := range 200 {
+		os.WriteFile(dst.path(fmt.Sprintf("n%d", k)), nil, 0o644)
+		e := dst.lookup(rootID, fmt.Sprintf("n%d", k))
+		h := dst.open(e.NodeId, unix.O_RDONLY)
+		if slices.Contains(sn, e.NodeId) || slices.Contains(sh, h) {
+			t.Fatalf("new id collides: node %#x handle %#x", e.NodeId, h)
+		}
+		dst.release(e.NodeId, h)
+		dst.Forget(e.NodeId, 1)
+	}
+	// RELEASE and FORGET free the restored objects.
+	dst.release(f, fh)
+	dst.release(f, rofh)
+	dst.ReleaseDir(&gofuse.ReleaseIn{InHeader: *hdr(d), Fh: dfh})
+	dst.ReleaseDir(&gofuse.ReleaseIn{InHeader: *hdr(rootID), Fh: rootfh})
+	dst.Forget(d, 2)
+	for _, id := range []uint64{f, l, fifo} {
+		dst.Forget(id, 1)
+	}
+	if st := dst.Stats(); st != (Stats{InodeFDs: dst.baseFDs}) {
+		t.Fatalf("after release and forget: %+v", st)
+	}
+}
+
+// A rename on the host between the collection of paths and the save is
+// followed only with ConfirmPaths.
+func TestMigrateHostRename(t *testing.T) {
+	for _, confirm := range []bool{false, true} {
+		t.Run(fmt.Sprint("confirm=", confirm), func(t *testing.T) {
+			src := newTestFS(t, Options{Migration: MigrationOptions{ConfirmPaths: confirm}})
+			os.Mkdir(src.path("a"), 0o755)
+			os.WriteFile(src.path("a/old"), []byte("x"), 0o644)
+			a := src.lookup(rootID, "a").NodeId
+			n := src.lookup(a, "old").NodeId
+			src.PrepareMigration()
+			<-src.mig.cur.done
+			if err := os.Rename(src.path("a/old"), src.path("new")); err != nil {
+				t.Fatal(err)
+			}
+			// An inode made after the collection started gets its
+			// path at save.
+			os.WriteFile(src.path("late"), nil, 0o644)
+			late := src.lookup(rootID, "late").NodeId
+			b := save(t, src.FS)
+			paths := map[uint64]string{}
+			for _, r := range decoded(t, b).Inodes {
+				paths[r.ID] = r.Path
+			}
+			want := "a/old"
+			if confirm {
+				want = "new"
+			}
+			if paths[n] != want || paths[late] != "late" {
+				t.Fatalf("paths %v, want %q for node %#x", paths, want, n)
+			}
+
+			dst := newDest(t, src, Options{})
+			err := dst.LoadState(bytes.NewReader(b), src.caps.Load())
+			if !confirm {
+				if err == nil || !strings.Contains(err.Error(), "a/old") {
+					t.Fatalf("LoadState of a path gone: %v", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			dst.getattr(n)
+		})
+	}
+}
+
+// An open file unlinked on the host has no path: the destination aborts,
+// or installs it stale.
+func TestMigrateUnreachable(t *testing.T) {
+	mk := func(t *testing.T) (*testFS, []byte, uint64, uint64, uint64, uint64) {
+		src := newTestFS(t, Options{PosixLocks: true, Flock: true})
+		os.WriteFile(src.path("u"), []byte("x"), 0o644)
+		os.Mkdir(src.path("gone"), 0o755)
+		os.WriteFile(src.path("keep"), []byte("k"), 0o644)
+		u := src.lookup(rootID, "u").NodeId
+		fh := src.open(u, unix.O_RDWR)
+		gone := src.lookup(rootID, "gone").NodeId
+		keep := src.lookup(rootID, "keep").NodeId
+		os.Remove(src.path("u"))
+		os.Remove(src.path("gone"))
+		b := save(t, src.FS)
+		for _, r := range decoded(t, b).Inodes {
+			if (r.ID == u || r.ID == gone) != r.Unreachable {
+				t.Fatalf("record %+v", r)
+			}
+		}
+		return src, b, u, fh, gone, keep
+	}
+
+	t.Run("abort", func(t *testing.T) {
+		src, b, _, _, _, _ := mk(t)
+		dst := newDest(t, src, Options{})
+		// The destination's own session stays as it was.
+		dst.Init(dst.Capabilities())
+		prev := dst.lookup(rootID, "keep").NodeId
+		pfh := dst.open(prev, unix.O_RDONLY)
+		before, stats := openFDs(t), dst.Stats()
+		err := dst.LoadState(bytes.NewReader(b), src.caps.Load())
+		if err == nil || !strings.Contains(err.Error(), "unreachable") {
+			t.Fatalf("LoadState: %v", err)
+		}
+		if n := openFDs(t); n != before || dst.Stats() != stats {
+			t.Fatalf("fds %d → %d, stats %+v → %+v", before, n, stats, dst.Stats())
+		}
+		if got := dst.read(prev, pfh, 0, 1); string(got) != "k" {
+			t.Fatalf("previous session broken: %q", got)
+		}
+	})
+
+	t.Run("guest-error", func(t *testing.T) {
+		src, b, u, fh, gone, keep := mk(t)
+		dst := newDest(t, src, Options{PosixLocks: true, Flock: true, Migration: MigrationOptions{OnError: MigrationGuestError}})
+		if err := dst.LoadState(bytes.NewReader(b), src.caps.Load()); err != nil {
+			t.Fatal(err)
+		}
+		if got := dst.getattr(keep); got.Size != 1 {
+			t.Fatalf("reachable inode: %+v", got)
+		}
+		checkStale(t, dst, u, fh, gone, keep)
+		dst.release(u, fh)
+		dst.Forget(u, 1)
+		dst.Forget(gone, 1)
+		dst.Forget(keep, 1)
+		if st := dst.Stats(); st != (Stats{InodeFDs: dst.baseFDs}) {
+			t.Fatalf("after release and forget: %+v", st)
+		}
+		// A stale inode saves as unreachable again.
+		for _, r := range decoded(t, save(t, dst.FS)).Inodes {
+			t.Fatalf("left over %+v", r)
+		}
+	})
+}
+
+// checkStale: every request on stale file u (open as fh) and stale
+// directory gone answers ESTALE; keep is a live regular file.
+func checkStale(t *testing.T, f *testFS, u, fh, gone, keep uint64) {
+	t.Helper()
+	var eo gofuse.EntryOut
+	var ao gofuse.AttrOut
+	var oo gofuse.OpenOut
+	var co gofuse.CreateOut
+	var so gofuse.StatfsOut
+	var xo gofuse.StatxOut
+	var lo gofuse.LseekOut
+	var lk gofuse.LkOut
+	buf := make([]byte, 16)
+	h := func(n uint64) gofuse.InHeader { return *hdr(n) }
+	calls := map[string]func() syscall.Errno{
+		"getattr": func() syscall.Errno { return f.GetAttr(&gofuse.GetAttrIn{InHeader: h(u)}, &ao) },
+		"getattr fh": func() syscall.Errno {
+			return f.GetAttr(&gofuse.GetAttrIn{InHeader: h(u), Flags_: gofuse.FUSE_GETATTR_FH, Fh_: fh}, &ao)
+		},
+		"setattr": func() syscall.Errno {
+			return f.SetAttr(&gofuse.SetAttrIn{SetAttrInCommon: gofuse.SetAttrInCommon{InHeader: h(u)}}, &ao)
+		},
+		"setattr fh": func() syscall.Errno {
+			return f.SetAttr(&gofuse.SetAttrIn{SetAttrInCommon: gofuse.SetAttrInCommon{InHeader: h(u), Valid: gofuse.FATTR_FH, Fh: fh}}, &ao)
+		},
+		"statx":         func() syscall.Errno { return f.Statx(&gofuse.StatxIn{InHeader: h(u)}, &xo) },
+		"lookup":        func() syscall.Errno { return f.Lookup(hdr(gone), []byte("x"), &eo) },
+		"lookup dotdot": func() syscall.Errno { return f.Lookup(hdr(gone), []byte(".."), &eo) },
+		"mkdir":         func() syscall.Errno { return f.Mkdir(&gofuse.MkdirIn{InHeader: h(gone)}, []byte("x"), &eo) },
+		"mkdir in file": func() syscall.Errno { return f.Mkdir(&gofuse.MkdirIn{InHeader: h(u)}, []byte("x"), &eo) },
+		"create":        func() syscall.Errno { return f.Create(&gofuse.CreateIn{InHeader: h(gone)}, []byte("x"), &co) },
+		"tmpfile":       func() syscall.Errno { return f.Tmpfile(&gofuse.CreateIn{InHeader: h(gone)}, &co) },
+		"unlink":        func() syscall.Errno { return f.Unlink(hdr(gone), []byte("x")) },
+		"rename from":   func() syscall.Errno { return f.Rename(hdr(gone), rootID, 0, []byte("x"), []byte("y")) },
+		"rename to":     func() syscall.Errno { return f.Rename(hdr(rootID), gone, 0, []byte("keep"), []byte("y")) },
+		"link": func() syscall.Errno {
+			return f.Link(&gofuse.LinkIn{InHeader: h(rootID), Oldnodeid: u}, []byte("y"), &eo)
+		},
+		"link into": func() syscall.Errno {
+			return f.Link(&gofuse.LinkIn{InHeader: h(gone), Oldnodeid: keep}, []byte("y"), &eo)
+		},
+		"readlink": func() syscall.Errno { _, e := f.Readlink(hdr(u), buf); return e },
+		"open":     func() syscall.Errno { return f.Open(&gofuse.OpenIn{InHeader: h(u)}, &oo) },
+		"opendir":  func() syscall.Errno { return f.OpenDir(&gofuse.OpenIn{InHeader: h(gone)}, &oo) },
+		"read": func() syscall.Errno {
+			_, e := f.Read(&gofuse.ReadIn{InHeader: h(u), Fh: fh, Size: 1}, vecOver(buf))
+			return e
+		},
+		"write": func() syscall.Errno {
+			_, e := f.Write(&gofuse.WriteIn{InHeader: h(u), Fh: fh, Size: 1}, vecOver(buf[:1]))
+			return e
+		},
+		"flush":     func() syscall.Errno { return f.Flush(&gofuse.FlushIn{InHeader: h(u), Fh: fh}) },
+		"fsync":     func() syscall.Errno { return f.Fsync(&gofuse.FsyncIn{InHeader: h(u), Fh: fh}) },
+		"fallocate": func() syscall.Errno { return f.Fallocate(&gofuse.FallocateIn{InHeader: h(u), Fh: fh, Length: 1}) },
+		"lseek":     func() syscall.Errno { return f.Lseek(&gofuse.LseekIn{InHeader: h(u), Fh: fh}, &lo) },
+		"copy_file_range": func() syscall.Errno {
+			_, e := f.CopyFileRange(&gofuse.CopyFileRangeIn{InHeader: h(u), FhIn: fh, NodeIdOut: u, FhOut: fh, Len: 1})
+			return e
+		},
+		"statfs": func() syscall.Errno { return f.StatFs(hdr(u), &so) },
+		"access": func() syscall.Errno { return f.Access(&gofuse.AccessIn{InHeader: h(u), Mask: unix.R_OK}) },
+		"syncfs": func() syscall.Errno { return f.SyncFs(hdr(u)) },
+		"getlk":  func() syscall.Errno { return f.GetLk(&gofuse.LkIn{InHeader: h(u), Fh: fh}, &lk) },
+		"setlk": func() syscall.Errno {
+			return f.SetLk(&gofuse.LkIn{InHeader: h(u), Fh: fh, Lk: gofuse.FileLock{Typ: unix.F_WRLCK}}, false)
+		},
+		"flock": func() syscall.Errno {
+			return f.SetLk(&gofuse.LkIn{InHeader: h(u), Fh: fh, LkFlags: gofuse.LK_FLOCK, Lk: gofuse.FileLock{Typ: unix.F_WRLCK}}, false)
+		},
+		"fsyncdir":  func() syscall.Errno { return f.FsyncDir(&gofuse.FsyncIn{InHeader: h(u), Fh: fh}) },
+		"readdir":   func() syscall.Errno { return f.ReadDir(&gofuse.ReadIn{InHeader: h(u), Fh: fh}, true, nil) },
+		"listxattr": func() syscall.Errno { _, e := f.ListXAttr(hdr(u), buf); return e },
+	}
+	for name, call := range calls {
+		errno := call()
+		// A file handle used as a directory one is not a directory
+		// handle at all.
+		want := syscall.ESTALE
+		if name == "fsyncdir" || name == "readdir" {
+			want = syscall.EBADF
+		}
+		if name == "listxattr" {
+			want = syscall.ENOSYS // no xattr option: refused before the inode
+		}
+		if errno != want {
+			t.Errorf("%s on a stale object: %v, want %v", name, errno, want)
+		}
+	}
+	// Nothing made anything on the host.
+	if _, err := os.Lstat(f.path("y")); err == nil {
+		t.Error("a stale object's request made y")
+	}
+}
+
+// A handle that cannot be reopened (here: for writing, on a read-only
+// destination) is stale on a live inode.
+func TestMigrateStaleHandle(t *testing.T) {
+	src := newTestFS(t, Options{})
+	os.WriteFile(src.path("f"), []byte("abc"), 0o644)
+	f := src.lookup(rootID, "f").NodeId
+	wfh := src.open(f, unix.O_RDWR)
+	rfh := src.open(f, unix.O_RDONLY)
+	b := save(t, src.FS)
+	ro := newDest(t, src, Options{ReadOnly: true})
+	loadFails(t, ro, b, "read-only")
+	dst := newDest(t, src, Options{ReadOnly: true, Migration: MigrationOptions{OnError: MigrationGuestError}})
+	if err := dst.LoadState(bytes.NewReader(b), src.caps.Load()); err != nil {
+		t.Fatal(err)
+	}
+	if got := dst.read(f, rfh, 0, 3); string(got) != "abc" {
+		t.Fatalf("read %q", got)
+	}
+	var ao gofuse.AttrOut
+	var xo gofuse.StatxOut
+	if errno := dst.GetAttr(&gofuse.GetAttrIn{InHeader: *hdr(f), Flags_: gofuse.FUSE_GETATTR_FH, Fh_: wfh}, &ao); errno != syscall.ESTALE {
+		t.Fatalf("getattr fh: %v", errno)
+	}
+	if errno := dst.Statx(&gofuse.StatxIn{InHeader: *hdr(f), GetattrFlags: gofuse.FUSE_GETATTR_FH, Fh: wfh}, &xo); errno != syscall.ESTALE {
+		t.Fatalf("statx fh: %v", errno)
+	}
+	in := &gofuse.SetAttrIn{SetAttrInCommon: gofuse.SetAttrInCommon{InHeader: *hdr(f), Valid: gofuse.FATTR_FH, Fh: wfh}}
+	if errno := dst.SetAttr(in, &ao); errno != syscall.ESTALE {
+		t.Fatalf("setattr fh: %v", errno)
+	}
+	if _, errno := dst.Read(&gofuse.ReadIn{InHeader: *hdr(f), Fh: wfh, Size: 1}, vecOver(make([]byte, 1))); errno != syscall.ESTALE {
+		t.Fatalf("read: %v", errno)
+	}
+	dst.getattr(f)
+	dst.release(f, wfh)
+	dst.release(f, rfh)
+	dst.Forget(f, 1)
+	if st := dst.Stats(); st != (Stats{InodeFDs: dst.baseFDs}) {
+		t.Fatalf("after release and forget: %+v", st)
+	}
+}
+
+func TestMigrateNoInodes(t *testing.T) {
+	src := newTestFS(t, Options{})
+	b := save(t, src.FS)
+	if s := decoded(t, b); len(s.Inodes) != 0 || len(s.Handles) != 0 {
+		t.Fatalf("%+v", s)
+	}
+	dst := newDest(t, src, Options{})
+	if err := dst.LoadState(bytes.NewReader(b), 0); err != nil {
+		t.Fatal(err)
+	}
+	dst.lookupErr(rootID, "x")
+}
+
+// The path collection can be cancelled and restarted, and Close stops it.
+func TestMigrateCollection(t *testing.T) {
+	src := newTestFS(t, Options{})
+	for k := range 50 {
+		os.WriteFile(src.path(fmt.Sprint(k)), nil, 0o644)
+		src.lookup(rootID, fmt.Sprint(k))
+	}
+	src.PrepareMigration()
+	src.PrepareMigration() // a second LOG_ALL: the same collection
+	src.CancelMigration()
+	src.CancelMigration()
+	if src.mig.cur != nil {
+		t.Fatal("collection left after cancel")
+	}
+	src.PrepareMigration()
+	c := src.mig.cur
+	<-c.done
+	if len(c.paths) != 50 {
+		t.Fatalf("%d paths", len(c.paths))
+	}
+	if s := decoded(t, save(t, src.FS)); len(s.Inodes) != 50 {
+		t.Fatalf("%d inodes", len(s.Inodes))
+	}
+	src.PrepareMigration()
+	src.Close()
+}
+
+// Without a usable /proc link (a path whose link says nothing), the search
+// of the share finds the objects.
+func TestMigrateSearchShare(t *testing.T) {
+	src := newTestFS(t, Options{})
+	os.MkdirAll(src.path("a/b/c"), 0o755)
+	os.WriteFile(src.path("a/b/c/f"), nil, 0o644)
+	os.WriteFile(src.path("a/g"), nil, 0o644)
+	os.Symlink("b", src.path("a/s"))
+	a := src.lookup(rootID, "a").NodeId
+	b := src.lookup(a, "b").NodeId
+	c := src.lookup(b, "c").NodeId
+	f := src.lookup(c, "f").NodeId
+	g := src.lookup(a, "g").NodeId
+	s := src.lookup(a, "s").NodeId
+	var ins []*inode
+	for _, id := range []uint64{a, b, c, f, g, s} {
+		ins = append(ins, src.nodes.get(id))
+	}
+	paths := map[*inode]string{}
+	if !src.searchShare(ins, paths, nil) {
+		t.Fatal("search stopped")
+	}
+	want := []string{"a", "a/b", "a/b/c", "a/b/c/f", "a/g", "a/s"}
+	for k, i := range ins {
+		if paths[i] != want[k] {
+			t.Fatalf("node %d: %q, want %q", k, paths[i], want[k])
+		}
+	}
+	stop := make(chan struct{})
+	close(stop)
+	if src.searchShare(ins, map[*inode]string{}, stop) {
+		t.Fatal("search not stopped")
+	}
+}
+
+func TestRelLink(t *testing.T) {
+	tests := []struct {
+		link, root, want string
+		ok               bool
+	}{
+		{"/a/b", "/", "a/b", true},
+		{"/srv/share/a/b", "/srv/share", "a/b", true},
+		{"/srv/share", "/srv/share", "", false},
+		{"/srv/shared/a", "/srv/share", "", false},
+		{"/srv/other", "/srv/share", "", false},
+		{"/a/b (deleted)", "/", "", false},
+		{"pipe:[1234]", "/", "", false},
+		{"/", "/", "", false},
+		{"/a//b", "/", "", false},
+		{"/a/../b", "/", "", false},
+		{"/" + strings.Repeat("x", 256), "/", "", false},
+	}
+	for _, tc := range tests {
+		got, ok := relLink(tc.link, tc.root)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("relLink(%q, %q) = %q, %v; want %q, %v", tc.link, tc.root, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestCheckStatePath(t *testing.T) {
+	long := strings.Repeat("a/", maxStatePath/2+1) + "a"
+	tests := []struct {
+		path string
+		ok   bool
+	}{
+		{"a", true},
+		{"a/b/c", true},
+		{"..a/b..", true},
+		{strings.Repeat("x", 255), true},
+		{long[:maxStatePath], true},
+		{long, false},
+		{"", false},
+		{"/a", false},
+		{"a/", false},
+		{"a//b", false},
+		{".", false},
+		{"a/./b", false},
+		{"..", false},
+		{"a/../../b", false},
+		{"a\x00b", false},
+		{strings.Repeat("x", 256), false},
+	}
+	for _, tc := range tests {
+		if err := checkStatePath(tc.path); (err == nil) != tc.ok {
+			t.Errorf("checkStatePath(%.40q) = %v", tc.path, err)
+		}
+	}
+}
+
+// smallState is a valid state of src: a directory, a file in it and a
+// handle of each.
+func smallState(t *testing.T) (*testFS, []byte) {
+	src := newTestFS(t, Options{})
+	os.Mkdir(src.path("d"), 0o755)
+	os.WriteFile(src.path("d/f"), []byte("x"), 0o644)
+	d := src.lookup(rootID, "d").NodeId
+	f := src.lookup(d, "f").NodeId
+	src.open(f, unix.O_RDWR)
+	src.opendir(d)
+	return src, save(t, src.FS)
+}
+
+// reencode encodes s with its checksum fixed up.
+func reencode(t *testing.T, s *migState) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	if err := encodeState(&b, s); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// loadFails loads b into dst, which must refuse it and stay as it was:
+// no fd leaked, its own session intact.
+func loadFails(t *testing.T, dst *testFS, b []byte, want string) {
+	t.Helper()
+	before, stats := openFDs(t), dst.Stats()
+	nodes, handles := dst.ids()
+	err := dst.LoadState(bytes.NewReader(b), 0)
+	if err == nil {
+		t.Fatalf("LoadState accepted it")
+	}
+	if want != "" && !strings.Contains(err.Error(), want) {
+		t.Fatalf("LoadState: %v; want %q", err, want)
+	}
+	n2, h2 := dst.ids()
+	if n := openFDs(t); n != before || dst.Stats() != stats || !slices.Equal(nodes, n2) || !slices.Equal(handles, h2) {
+		t.Fatalf("after a failed load: fds %d → %d, stats %+v → %+v", before, n, stats, dst.Stats())
+	}
+}
+
+func TestLoadStateBadStreams(t *testing.T) {
+	src, good := smallState(t)
+	dst := newDest(t, src, Options{Migration: MigrationOptions{OnError: MigrationGuestError}})
+	dst.Init(dst.Capabilities())
+	keep := dst.lookup(rootID, "d").NodeId
+	dst.opendir(keep)
+
+	for n := range len(good) {
+		loadFails(t, dst, good[:n], "")
+	}
+	loadFails(t, dst, append(slices.Clone(good), 0), "trailing")
+	loadFails(t, dst, []byte("GVFSPT\x00\x02rest"), "not a passthrough")
+	v2 := slices.Clone(good)
+	v2[8] = 2
+	loadFails(t, dst, v2, "version 2 is not supported")
+	bad := slices.Clone(good)
+	bad[len(bad)-10] ^= 1
+	loadFails(t, dst, bad, "checksum")
+	for seed := range 64 {
+		junk := make([]byte, 1+seed*37)
+		for k := range junk {
+			junk[k] = byte(k*131 + seed*7)
+		}
+		loadFails(t, dst, junk, "")
+		loadFails(t, dst, append([]byte(stateMagic+"\x01\x00\x00\x00\x00\x00\x00\x00"), junk...), "")
+	}
+	// Counts beyond the bounds are refused before anything is allocated.
+	huge := []byte(stateMagic + "\x01\x00\x00\x00\x00\x00\x00\x00\xff\xff\xff\xff")
+	loadFails(t, dst, huge, "inodes (max")
+	huge = []byte(stateMagic + "\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\xff\xff\xff\xff")
+	loadFails(t, dst, huge, "handles (max")
+	// The size bound.
+	if _, err := decodeState(bytes.NewReader(good), int64(len(good)-1)); err == nil || !strings.Contains(err.Error(), "too large") {
+		t.Fatalf("size bound: %v", err)
+	}
+
+	// Well-formed streams whose records are wrong.
+	s0 := decoded(t, good)
+	var dirID, fileID uint64
+	for _, r := range s0.Inodes {
+		if r.Type == unix.S_IFDIR {
+			dirID = r.ID
+		} else {
+			fileID = r.ID
+		}
+	}
+	edits := []struct {
+		name string
+		edit func(s *migState)
+		want string
+	}{
+		{"dup node", func(s *migState) { s.Inodes[1].ID = s.Inodes[0].ID }, "duplicate node id"},
+		{"node 0", func(s *migState) { s.Inodes[0].ID = 0 }, "reserved"},
+		{"root id", func(s *migState) { s.Inodes[0].ID = rootID }, "reserved"},
+		{"index range", func(s *migState) { s.Inodes[0].ID = maxSlots }, "out of range"},
+		{"nlookup 0", func(s *migState) { s.Inodes[0].Nlookup = 0 }, "lookup count 0"},
+		{"bad type", func(s *migState) { s.Inodes[0].Type = 0o170000 }, "bad file type"},
+		{"dotdot", func(s *migState) { s.Inodes[0].Path = "../x" }, `".." component`},
+		{"absolute", func(s *migState) { s.Inodes[0].Path = "/etc" }, "absolute"},
+		{"nul", func(s *migState) { s.Inodes[0].Path = "d\x00" }, "NUL"},
+		{"empty comp", func(s *migState) { s.Inodes[0].Path = "d//f" }, "empty component"},
+		{"empty", func(s *migState) { s.Inodes[0].Path = "" }, "empty path"},
+		{"dup handle", func(s *migState) { s.Handles[1].ID = s.Handles[0].ID }, "duplicate file handle"},
+		{"handle 0", func(s *migState) { s.Handles[0].ID = 0 }, "reserved"},
+		{"orphan handle", func(s *migState) { s.Handles[0].Inode = 77 << 32 }, "is missing"},
+		{"dir handle on file", func(s *migState) {
+			for k := range s.Handles {
+				s.Handles[k].Inode, s.Handles[k].Dir = fileID, true
+			}
+		}, "directory handle"},
+		{"escape by symlink", func(s *migState) {
+			os.Symlink("..", src.path("up"))
+			for k := range s.Inodes {
+				if s.Inodes[k].ID == dirID {
+					s.Inodes[k].Path = "up/share/d"
+				}
+			}
+		}, ""},
+	}
+	for _, tc := range edits {
+		t.Run(tc.name, func(t *testing.T) {
+			s := decoded(t, good)
+			tc.edit(s)
+			b := reencode(t, s)
+			if tc.want == "" {
+				// Path does not open: with guest-error it installs stale.
+				ab := newDest(t, src, Options{})
+				loadFails(t, ab, b, "open")
+				return
+			}
+			loadFails(t, dst, b, tc.want)
+		})
+	}
+	// And the good one still loads.
+	if err := dst.LoadState(bytes.NewReader(good), 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A state's path may name a symlink (the object), but never go through one.
+func TestLoadStateTypeMismatch(t *testing.T) {
+	src, good := smallState(t)
+	s := decoded(t, good)
+	// The file was replaced by a directory on the host.
+	os.Remove(src.path("d/f"))
+	os.Mkdir(src.path("d/f"), 0o755)
+	dst := newDest(t, src, Options{})
+	loadFails(t, dst, reencode(t, s), "type")
+	ge := newDest(t, src, Options{Migration: MigrationOptions{OnError: MigrationGuestError}})
+	if err := ge.LoadState(bytes.NewReader(good), 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range s.Inodes {
+		if i := ge.nodes.get(r.ID); i == nil || i.stale != (r.Type == unix.S_IFREG) {
+			t.Fatalf("node %+v: %+v", r, i)
+		}
+	}
+}
+
+// FuzzLoadState: whatever the stream, LoadState returns (an error or not),
+// never panics, and a failed load leaves no fd open. With fixCRC the
+// section's checksum is recomputed, so that the fuzzer reaches validation
+// and reopening.
+func FuzzLoadState(f *testing.F) {
+	base := f.TempDir()
+	share := filepath.Join(base, "share")
+	os.MkdirAll(filepath.Join(share, "d"), 0o755)
+	os.WriteFile(filepath.Join(share, "d/f"), []byte("x"), 0o644)
+	os.Symlink("..", filepath.Join(share, "up"))
+	fs, err := New(share, Options{Migration: MigrationOptions{OnError: MigrationGuestError}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer fs.Close()
+
+	seed := func(s *migState) []byte {
+		var b bytes.Buffer
+		if err := encodeState(&b, s); err != nil {
+			f.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	good := seed(&migState{
+		Inodes: []inodeRecord{
+			{ID: 1<<32 | 2, Nlookup: 1, Type: unix.S_IFDIR, Path: "d"},
+			{ID: 1<<32 | 3, Nlookup: 3, Type: unix.S_IFREG, Path: "d/f"},
+			{ID: 1<<32 | 4, Nlookup: 1, Type: unix.S_IFREG, Unreachable: true},
+		},
+		Handles: []handleRecord{
+			{ID: 1<<32 | 5, Inode: 1<<32 | 3, Flags: unix.O_RDWR},
+			{ID: 1<<32 | 6, Inode: 1<<32 | 2, Dir: true},
+			{ID: 1<<32 | 7, Inode: rootID, Dir: true},
+		},
+	})
+	f.Add(good, false)
+	f.Add(good[:len(good)/2], true)
+	f.Add(seed(&migState{}), false)
+	f.Add(seed(&migState{Inodes: []inodeRecord{{ID: 9, Nlookup: 1, Type: unix.S_IFDIR, Path: "up/share"}}}), true)
+	f.Add([]byte(stateMagic), true)
+	f.Fuzz(func(t *testing.T, b []byte, fixCRC bool) {
+		if fixCRC && len(b) >= 4 {
+			b = slices.Clone(b)
+			sum := crc32.Checksum(b[:len(b)-4], castagnoli)
+			b[len(b)-4], b[len(b)-3], b[len(b)-2], b[len(b)-1] = byte(sum), byte(sum>>8), byte(sum>>16), byte(sum>>24)
+		}
+		before := fs.Stats()
+		err := fs.LoadState(bytes.NewReader(b), 0)
+		if err != nil && fs.Stats() != before {
+			t.Fatalf("failed load changed the tables: %+v → %+v", before, fs.Stats())
+		}
+	})
+}
+
+// Running out of fds while reopening fails the load whatever OnError says
+// (the objects are fine: installing them stale would be wrong), and leaks
+// nothing.
+func TestMigrateEMFILE(t *testing.T) {
+	runHelper(t, "migrate-emfile", nil)
+}
+
+func helperMigrateEMFILE(t *testing.T) {
+	src := newTestFS(t, Options{})
+	const files = 300
+	for k := range files {
+		os.WriteFile(src.path(fmt.Sprint(k)), []byte("x"), 0o644)
+		src.open(src.lookup(rootID, fmt.Sprint(k)).NodeId, unix.O_RDONLY)
+	}
+	b := save(t, src.FS)
+	dst := newDest(t, src, Options{Migration: MigrationOptions{OnError: MigrationGuestError}})
+	var rl unix.Rlimit
+	unix.Getrlimit(unix.RLIMIT_NOFILE, &rl)
+	before := openFDs(t)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(before + 100), Max: rl.Max}); err != nil {
+		t.Fatal(err)
+	}
+	err := dst.LoadState(bytes.NewReader(b), src.caps.Load())
+	if err == nil || !strings.Contains(err.Error(), "too many open files") {
+		t.Fatalf("LoadState out of fds: %v", err)
+	}
+	if n := openFDs(t); n != before || dst.Stats() != (Stats{InodeFDs: dst.baseFDs}) {
+		t.Fatalf("fds %d → %d, stats %+v", before, n, dst.Stats())
+	}
+	unix.Setrlimit(unix.RLIMIT_NOFILE, &rl)
+	if err := dst.LoadState(bytes.NewReader(b), src.caps.Load()); err != nil {
+		t.Fatal(err)
+	}
+}

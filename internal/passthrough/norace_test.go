@@ -1,0 +1,5 @@
+//go:build !race
+
+package passthrough
+
+const raceEnabled = false
