@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
@@ -73,7 +74,12 @@ func (f *FS) PrepareMigration() {
 				i.put()
 			}
 		}()
+		start := time.Now()
 		c.paths = f.findPaths(live, c.stop)
+		if c.paths != nil {
+			slog.Info("passthrough: migration: paths collected", "inodes", len(live), "found", len(c.paths),
+				"took", time.Since(start))
+		}
 	}()
 }
 
