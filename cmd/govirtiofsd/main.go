@@ -55,7 +55,7 @@ func main() {
 // (exitSignals), nil where the command is only parsed.
 func newCommand(stop chan os.Signal) *cobra.Command {
 	o := &Options{FD: -1, Queues: vhostuser.MaxRings - 1, LogLevel: "info", Cache: "auto", InodeFileHandles: "never",
-		ThreadPoolSize: -1, RlimitNofile: -1}
+		ThreadPoolSize: -1, RlimitNofile: -1, MigrationMode: "find-paths", MigrationOnError: "abort"}
 	cmd := &cobra.Command{
 		Use:           "govirtiofsd --socket-path PATH --shared-dir DIR",
 		Short:         "virtio-fs daemon: share a host directory with a virtual machine",
@@ -70,12 +70,13 @@ func newCommand(stop chan os.Signal) *cobra.Command {
 }
 
 // capabilities is the vhost-user back-end capabilities JSON (QEMU's
-// docs/interop/vhost-user.json) libvirt reads: "separate-options" means
-// the long options are all understood. "migrate-precopy" is not offered:
-// migration is not implemented.
+// docs/interop/vhost-user.json) libvirt reads: "migrate-precopy" means the
+// daemon migrates its state with the VM (dirty logging and DEVICE_STATE),
+// "separate-options" that the long options are all understood.
 const capabilities = `{
   "type": "fs",
   "features": [
+    "migrate-precopy",
     "separate-options"
   ]
 }`
@@ -124,6 +125,7 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 	if err != nil {
 		return err
 	}
+	slog.SetDefault(log) // the packages' own lines (passthrough) go where ours go
 	child := os.Getenv(envDaemonChild) == "1"
 	if first && o.Daemonize && !child {
 		// The --daemonize parent only waits for the daemon to be
@@ -231,6 +233,7 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 			if log, err = newLogger(o.LogLevel, c); err != nil {
 				return err
 			}
+			slog.SetDefault(log)
 		}
 	}
 	ln, err := handedListener(in)
@@ -261,6 +264,7 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 		Logger:        log,
 		Workers:       workers,
 		Metrics:       metricsLn != nil,
+		State:         fs, // the FUSE session and the file system's inodes and handles migrate
 		Handler: vhostuser.HandlerFunc(func(i int) vhostuser.RequestHandler {
 			return fs.Queue(i)
 		}),
@@ -432,6 +436,10 @@ func newFileSystem(o *Options, in *sandbox.Inside) (*passthrough.FS, error) {
 	if err != nil {
 		return nil, err
 	}
+	onError, err := passthrough.ParseMigrationOnError(o.MigrationOnError)
+	if err != nil {
+		return nil, err
+	}
 	popts := passthrough.Options{
 		Cache:             cache,
 		Writeback:         o.Writeback,
@@ -449,6 +457,7 @@ func newFileSystem(o *Options, in *sandbox.Inside) (*passthrough.FS, error) {
 		ReadOnly:          o.ReadOnly,
 		PreserveNoatime:   o.PreserveNoatime,
 		ProcSelfFD:        in.ProcSelfFD(),
+		Migration:         passthrough.MigrationOptions{OnError: onError, ConfirmPaths: o.MigrationConfirmPaths},
 	}
 	if o.Timeout != "" {
 		secs, err := strconv.ParseFloat(o.Timeout, 64)

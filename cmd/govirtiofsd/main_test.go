@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -113,8 +114,8 @@ func TestPrintCapabilities(t *testing.T) {
 	if err := dec.Decode(&caps); err != nil {
 		t.Fatalf("not the capabilities JSON: %v\n%s", err, out)
 	}
-	if caps.Type != "fs" || len(caps.Features) != 1 || caps.Features[0] != "separate-options" {
-		t.Errorf("capabilities %+v, want type fs with exactly [separate-options] (no migrate-precopy)", caps)
+	if caps.Type != "fs" || !slices.Equal(caps.Features, []string{"migrate-precopy", "separate-options"}) {
+		t.Errorf("capabilities %+v, want type fs with exactly [migrate-precopy separate-options]", caps)
 	}
 }
 

@@ -61,7 +61,7 @@ type Options struct {
 	// specs in command-line order (each checked as it is parsed).
 	TranslateUID []string
 	TranslateGID []string
-	// Migration options of the Rust daemon: parsed and checked, no effect.
+	// Migration (the Rust daemon's options): find-paths only, so far.
 	MigrationMode          string
 	MigrationOnError       string
 	MigrationVerifyHandles bool
@@ -229,10 +229,6 @@ func checkNSMap(v string) error {
 	return nil
 }
 
-const (
-	noteMigration = "migration is not supported: the --migration-* options have no effect and migrate-precopy is not offered"
-)
-
 // optionTable lists every option the daemon understands: the Rust
 // virtiofsd 1.13's long options and the C virtiofsd 7.2's -o options and
 // short flags. The sandbox block stays last (merge rule with the sandbox
@@ -337,13 +333,13 @@ var optionTable = []option{
 		set: appendString(func(o *Options) *[]string { return &o.TranslateUID }, checkIDMapping)},
 	{long: "translate-gid", kind: optString, usage: "translate gids (repeatable), as --translate-uid",
 		set: appendString(func(o *Options) *[]string { return &o.TranslateGID }, checkIDMapping)},
-	{long: "migration-mode", kind: optString, usage: "find-paths or file-handles (accepted; migration is not supported)", note: noteMigration,
+	{long: "migration-mode", kind: optString, usage: "how inodes travel in a migration (source side): find-paths (paths relative to the shared directory); file-handles is not supported yet",
 		set: setEnum(func(o *Options) *string { return &o.MigrationMode }, "find-paths", "file-handles")},
-	{long: "migration-on-error", kind: optString, usage: "abort or guest-error (accepted; migration is not supported)", note: noteMigration,
+	{long: "migration-on-error", kind: optString, usage: "destination side: abort fails a migration whose inodes cannot all be found; guest-error lets it finish, the guest gets ESTALE on those",
 		set: setEnum(func(o *Options) *string { return &o.MigrationOnError }, "abort", "guest-error")},
-	{long: "migration-verify-handles", kind: optBool, usage: "accepted; migration is not supported", note: noteMigration,
+	{long: "migration-verify-handles", kind: optBool, usage: "not supported yet",
 		set: setBool(func(o *Options) *bool { return &o.MigrationVerifyHandles })},
-	{long: "migration-confirm-paths", kind: optBool, usage: "accepted; migration is not supported", note: noteMigration,
+	{long: "migration-confirm-paths", kind: optBool, usage: "source side, find-paths: check every inode's path again at switch-over and find it anew if it changed (a host-side rename)",
 		set: setBool(func(o *Options) *bool { return &o.MigrationConfirmPaths })},
 
 	// Sandbox options: parsed and checked here, applied by the sandbox.
@@ -489,6 +485,12 @@ func (o *Options) validate() error {
 	}
 	if o.Queues < 1 || o.Queues > vhostuser.MaxRings-1 {
 		return fmt.Errorf("--queues %d: want 1..%d", o.Queues, vhostuser.MaxRings-1)
+	}
+	if o.MigrationMode == "file-handles" {
+		return errors.New("--migration-mode file-handles is not supported yet: use find-paths (the default)")
+	}
+	if o.MigrationVerifyHandles {
+		return errors.New("--migration-verify-handles is not supported yet")
 	}
 	if _, err := passthrough.NewIDMap(o.TranslateUID); err != nil {
 		return fmt.Errorf("--translate-uid: %w", err)

@@ -160,19 +160,17 @@ var parseCases = []struct {
 			"squash-host:101:1:9", "map:20:200:5", "forbid-guest:10:10"}
 	}},
 
-	// Migration: accepted, one note.
+	// Migration (find-paths; file-handles and --migration-verify-handles
+	// are refused, see TestParseErrors).
 	{"--migration-*", []string{
-		"--migration-mode=file-handles", "--migration-on-error", "guest-error",
-		"--migration-verify-handles", "--migration-confirm-paths",
+		"--migration-mode=find-paths", "--migration-on-error", "guest-error", "--migration-confirm-paths",
 	}, true, func(o *Options) {
-		o.MigrationMode, o.MigrationOnError = "file-handles", "guest-error"
-		o.MigrationVerifyHandles, o.MigrationConfirmPaths = true, true
-		o.notes = []string{noteMigration}
+		o.MigrationMode, o.MigrationOnError, o.MigrationConfirmPaths = "find-paths", "guest-error", true
 	}},
 	{"--migration-mode find-paths", []string{"--migration-mode", "find-paths", "--migration-on-error=abort"}, true, func(o *Options) {
 		o.MigrationMode, o.MigrationOnError = "find-paths", "abort"
-		o.notes = []string{noteMigration}
 	}},
+	{"--migration-verify-handles=false", []string{"--migration-verify-handles=false"}, true, func(o *Options) {}},
 
 	// Sandbox block.
 	{"--sandbox", []string{"--sandbox", "chroot"}, true, func(o *Options) { o.Sandbox = "chroot" }},
@@ -200,12 +198,10 @@ var parseCases = []struct {
 		o.ThreadPoolSize, o.Cache, o.FD = 4, "auto", 5
 	}},
 	{"boolean repeated", []string{"--xattr", "--xattr", "--syslog", "--syslog"}, true, func(o *Options) { o.Xattr, o.Syslog = true, true }},
-	{"note once", []string{"--allow-mmap", "--allow-mmap", "-o", "allow_root", "--migration-verify-handles", "--migration-confirm-paths"}, true, func(o *Options) {
-		o.MigrationVerifyHandles, o.MigrationConfirmPaths = true, true
+	{"note once", []string{"--allow-mmap", "--allow-mmap", "-o", "allow_root", "-o", "allow_root"}, true, func(o *Options) {
 		o.notes = []string{
 			"--allow-mmap: DAX is not implemented, the guest maps shared files through its page cache",
 			"-o allow_root has no effect: the guest kernel decides who may access the mount",
-			noteMigration,
 		}
 	}},
 	{"empty -o items", []string{"-o", ",xattr,"}, true, func(o *Options) { o.Xattr = true }},
@@ -309,6 +305,8 @@ func TestParseErrors(t *testing.T) {
 		{[]string{"--seccomp=allow"}, "not one of"},
 		{[]string{"--migration-mode=copy"}, "not one of"},
 		{[]string{"--migration-on-error=ignore"}, "not one of"},
+		{[]string{"--shared-dir=/s", "--fd=3", "--migration-mode=file-handles"}, "--migration-mode file-handles is not supported yet"},
+		{[]string{"--shared-dir=/s", "--fd=3", "--migration-verify-handles"}, "--migration-verify-handles is not supported yet"},
 		{[]string{"--thread-pool-size=-1"}, "non-negative"},
 		{[]string{"--thread-pool-size=lots"}, "non-negative"},
 		{[]string{"--rlimit-nofile=-5"}, "non-negative"},
