@@ -149,6 +149,9 @@ type daemonSpec struct {
 	// files are inherited from fd 3 on (as if leaked by whoever
 	// started the daemon).
 	files []*os.File
+	// share is the shared directory, "" for a fresh one (a migration's
+	// destination shares its source's).
+	share string
 }
 
 // startDaemonWith is startDaemon as spec says. A daemon with another uid
@@ -167,7 +170,9 @@ func startDaemonWith(t *testing.T, spec daemonSpec, extra ...string) *daemon {
 	tmp := t.TempDir()
 	d := &daemon{t: t, sock: filepath.Join(sockDir, "vhost.sock"), dir: filepath.Join(tmp, "share"),
 		logPath: filepath.Join(tmp, "daemon.log"), done: make(chan struct{})}
-	if err := os.Mkdir(d.dir, 0o755); err != nil {
+	if spec.share != "" {
+		d.dir = spec.share
+	} else if err := os.Mkdir(d.dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if c := spec.cred; c != nil && c.Uid != 0 {

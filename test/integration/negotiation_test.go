@@ -14,7 +14,7 @@ const (
 	wantFeatures = 1<<vmm.FVersion1 | 1<<vmm.FIndirectDesc | 1<<vmm.FEventIdx | 1<<vmm.FProtocolFeatures |
 		1<<vmm.FLogAll
 	wantProtocol = 1<<vmm.PMQ | 1<<vmm.PLogShmfd | 1<<vmm.PReplyAck | 1<<vmm.PBackendReq | 1<<vmm.PBackendSendFd |
-		1<<vmm.PResetDevice | 1<<vmm.PConfigureMemSlots | 1<<vmm.PStatus
+		1<<vmm.PResetDevice | 1<<vmm.PConfigureMemSlots | 1<<vmm.PStatus | 1<<vmm.PDeviceState
 )
 
 // TestNegotiation checks what the daemon offers and answers with its
@@ -34,11 +34,13 @@ func TestNegotiation(t *testing.T) {
 	if dev.OfferedProtocol&vmm.Bit(vmm.PConfig) != 0 {
 		t.Errorf("CONFIG offered without --tag")
 	}
-	if hi := dev.OfferedProtocol >> 17; hi != 0 {
-		t.Errorf("protocol bits above 16 offered (%#x): QEMU 7.2 accepts 0-16 only", hi<<17)
+	// QEMU 7.2 knows bits 0-16 and acks the offer masked with them
+	// (vhost_user_backend_init): DEVICE_STATE (19) is for QEMU >= 8.2.
+	if hi := dev.OfferedProtocol >> 17; hi != 1<<(vmm.PDeviceState-17) {
+		t.Errorf("protocol bits above 16 offered: %#x, want DEVICE_STATE only", hi<<17)
 	}
-	if dev.ProtocolFeatures != dev.OfferedProtocol {
-		t.Errorf("QEMU 7.2 acks %#x of %#x", dev.ProtocolFeatures, dev.OfferedProtocol)
+	if want := dev.OfferedProtocol & vmm.QEMUProtocolFeatures; dev.ProtocolFeatures != want {
+		t.Errorf("QEMU 7.2 acks %#x of %#x, want %#x", dev.ProtocolFeatures, dev.OfferedProtocol, want)
 	}
 	if dev.QueueNum != 256 {
 		t.Errorf("GET_QUEUE_NUM = %d, want 256 (1 + default --queues 255)", dev.QueueNum)
