@@ -208,10 +208,31 @@ func (q *Queue) Serve(in, out *bufvec.Vec) uint32 {
 		if errno == noReply {
 			e = 0
 		}
-		q.s.log.Debug("fuse request", "queue", q.index, "unique", q.h.Unique, "opcode", OpName(q.h.Opcode),
-			"nodeid", q.h.NodeId, "len", q.h.Length, "error", e, "latency", time.Since(start))
+		attrs := []any{"queue", q.index, "unique", q.h.Unique, "opcode", OpName(q.h.Opcode),
+			"nodeid", q.h.NodeId, "len", q.h.Length, "error", e, "latency", time.Since(start)}
+		if entry := q.entryGiven(errno); entry != 0 {
+			// The node id handed out: with nodeid, every id the guest
+			// can hold appears in the log (READDIRPLUS's aside).
+			attrs = append(attrs, "entry", entry)
+		}
+		q.s.log.Debug("fuse request", attrs...)
 	}
 	return written
+}
+
+// entryGiven is the node id a successful request handed the guest (LOOKUP,
+// MKNOD, MKDIR, SYMLINK, LINK, CREATE, TMPFILE), 0 for other requests.
+func (q *Queue) entryGiven(errno syscall.Errno) uint64 {
+	if errno != 0 {
+		return 0
+	}
+	switch q.h.Opcode {
+	case OpLookup, OpMknod, OpMkdir, OpSymlink, OpLink:
+		return q.o.entry.NodeId
+	case OpCreate, OpTmpfile:
+		return q.o.create.NodeId
+	}
+	return 0
 }
 
 // moved is the data a served READ or WRITE moved: the READ reply's payload,
