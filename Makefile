@@ -2,6 +2,14 @@
 #
 #   make            make deps, then the static daemon at bin/govirtiofsd
 #   make deps       Debian packages the build and the tests need (root)
+#   make test-deps  deps, then the peers the tests also run against, fetched
+#                   into .cache/peers without touching the system (test/peers.sh:
+#                   QEMU 10.x from bookworm-backports, the Rust virtiofsd 1.13.x
+#                   from trixie, private apt state; ~10 s once, then a stamp
+#                   check). Wrappers: .cache/peers/bin/qemu-system-x86_64-10 and
+#                   .cache/peers/bin/virtiofsd-rust. A prerequisite of test, e2e,
+#                   e2e-full, bench, bench-guest and soak (not of make/build);
+#                   PEERS_REFRESH=1 asks the mirror again for newer point releases
 #   make test       everything CI runs: vet, unit + integration (-race,
 #                   --sandbox none), integration against the static daemon
 #                   in its default sandbox (and the escape tests in chroot),
@@ -40,7 +48,7 @@ FUZZ_TARGETS := \
 	./internal/vhostuser:FuzzMessages \
 	./internal/fuse:FuzzServe
 
-.PHONY: all build deps test unit integration-sandbox e2e e2e-full fuzz fuzz-short bench bench-guest soak clean
+.PHONY: all build deps test-deps test unit integration-sandbox e2e e2e-full fuzz fuzz-short bench bench-guest soak clean
 
 all: deps build
 
@@ -54,7 +62,11 @@ deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
-test: deps build
+# test-deps: QEMU 10 and the Rust virtiofsd for the tests (test/peers.sh).
+test-deps: deps
+	test/peers.sh
+
+test: deps test-deps build
 	$(GO) vet ./...
 	$(MAKE) unit
 	$(MAKE) integration-sandbox
@@ -75,10 +87,10 @@ integration-sandbox: deps build
 	GOVIRTIOFSD_INTEGRATION_BIN=$(CURDIR)/$(BIN) GOVIRTIOFSD_INTEGRATION_SANDBOX=chroot \
 		$(GO) test -count=1 -timeout 10m -run '^(TestEscape|TestCVE|TestForgetAbuse|TestStaleIDs)' ./test/integration/
 
-e2e: deps build
+e2e: deps test-deps build
 	GOVIRTIOFSD_E2E=1 GOVIRTIOFSD_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -timeout 20m ./test/e2e/
 
-e2e-full: deps build
+e2e-full: deps test-deps build
 	GOVIRTIOFSD_E2E=1 GOVIRTIOFSD_E2E_FULL=1 GOVIRTIOFSD_E2E_REFERENCE=1 GOVIRTIOFSD_BIN=$(CURDIR)/$(BIN) \
 		$(GO) test -count=1 -v -timeout 60m ./test/e2e/
 
@@ -95,7 +107,7 @@ fuzz-short:
 # BENCHFLAGS='-rounds 1 -duration 1s' or '-configs ours,ref-pool0'.
 REF_VIRTIOFSD ?= /usr/lib/qemu/virtiofsd
 BENCHFLAGS ?=
-bench: build
+bench: test-deps build
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
 	$(GO) run ./test/bench/cmd -ours $(CURDIR)/$(BIN) -ref $(REF_VIRTIOFSD) $(BENCHFLAGS)
 
@@ -118,7 +130,7 @@ BENCHGUEST_SIZE ?= 64M
 BENCHGUEST_CONFIGS ?=
 BENCHGUEST_WORKLOADS ?=
 BENCHGUEST_ALT ?=
-bench-guest: deps build
+bench-guest: deps test-deps build
 	GOVIRTIOFSD_E2E_BENCH=1 GOVIRTIOFSD_BIN=$(CURDIR)/$(BIN) \
 	GOVIRTIOFSD_BENCH_RUNTIME=$(BENCHGUEST_RUNTIME) GOVIRTIOFSD_BENCH_ROUNDS=$(BENCHGUEST_ROUNDS) \
 	GOVIRTIOFSD_BENCH_SIZE=$(BENCHGUEST_SIZE) \
@@ -138,7 +150,7 @@ bench-guest: deps build
 # timeout is SOAK_DURATION + 30m: a duration's terms add up, so 16m30m is 46m.
 SOAK_DURATION ?= 1h
 SOAK_INTERVAL ?= 10s
-soak: deps build
+soak: deps test-deps build
 	GOVIRTIOFSD_SOAK=$(SOAK_DURATION) GOVIRTIOFSD_SOAK_INTERVAL=$(SOAK_INTERVAL) GOVIRTIOFSD_BIN=$(CURDIR)/$(BIN) \
 		$(GO) test -count=1 -v -run '^TestSoak$$' -timeout $(SOAK_DURATION)30m ./test/e2e/
 
