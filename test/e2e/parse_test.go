@@ -199,3 +199,18 @@ func TestBootCrashPatterns(t *testing.T) {
 		}
 	}
 }
+
+func TestCompactSequence(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"", ""},
+		{"A", "A"},
+		{"A A A B", "Ax3 B"},
+		{"A B C D B C D B C D E", "A (B C D)x3 E"},
+		{"SET_VRING_CALL SET_VRING_ERR SET_VRING_CALL SET_VRING_ERR", "(SET_VRING_CALL SET_VRING_ERR)x2"},
+		{"A B A C", "A B A C"},
+	} {
+		if got := compactSequence(strings.Fields(c.in)); got != c.want {
+			t.Errorf("compactSequence(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
