@@ -1279,9 +1279,8 @@ func migrate(src, dst *vm, uri string, o migrateOptions) migrationInfo {
 		return migrationInfo{Status: "refused", ErrorDesc: err.Error()}
 	}
 	m := src.waitMigration(o.Timeout)
-	if dst.running() {
-		_ = dst.queryMigrate() // collect the destination's events
-	}
+	// Collect the destination's events (it may have exited: a failed load).
+	_, _ = dst.qmpTry("query-status", nil)
 	m.Timeline = migrationTimeline(start.Add(-time.Second), src, dst)
 	return m
 }

@@ -214,3 +214,40 @@ func TestCompactSequence(t *testing.T) {
 		}
 	}
 }
+
+func TestParseMigReport(t *testing.T) {
+	lines := []string{
+		"E2E-MIG-CHECK read-0 ok",
+		"E2E-MIG-FIO pass=1 rc=0 phase=0 endphase=0 uptime=8.50",
+		"E2E-MIG-FIO pass=2 rc=1 phase=0 endphase=1 uptime=11.27",
+		"E2E-MIG-CHECK read-1 ok status=completed",
+		"E2E-MIG-CHECK read-1 fail status=completed",
+		"E2E-MIG-UNLINKED rc=1 out=dd:_standard_input:_Input/output_error",
+		"E2E-MIG-END appended=350 fio_passes=2 fio_failed=1 failed=1",
+	}
+	r := parseMigReport(lines)
+	if !reflect.DeepEqual(r.order, []string{"read-0", "read-1", "read-1#2"}) || r.checks["read-1"] != "ok status=completed" ||
+		r.checks["read-1#2"] != "fail status=completed" {
+		t.Errorf("checks: %v %v", r.order, r.checks)
+	}
+	if want := []migFioPass{{1, 0, 0, 0}, {2, 1, 0, 1}}; !reflect.DeepEqual(r.fio, want) {
+		t.Errorf("fio: %+v, want %+v", r.fio, want)
+	}
+	if len(r.ends) != 1 || r.ends[0]["appended"] != "350" || r.ends[0]["failed"] != "1" {
+		t.Errorf("ends: %v", r.ends)
+	}
+	if r.unlinked == nil || r.unlinked.rc != 1 || !strings.Contains(r.unlinked.out, "Input/output_error") {
+		t.Errorf("unlinked: %+v", r.unlinked)
+	}
+}
+
+func TestGuestConsoleJoin(t *testing.T) {
+	a := &vm{lines: []string{"E2E-BOOT kernel=k uptime=1", "E2E-MIG-FI"}, partial: true}
+	b := &vm{lines: []string{"O pass=1 rc=0 phase=0 endphase=1 uptime=2", "E2E-DONE action=poweroff uptime=3"}}
+	c := newGuestConsole(t, a)
+	c.moveTo(b)
+	want := []string{"E2E-BOOT kernel=k uptime=1", "E2E-MIG-FIO pass=1 rc=0 phase=0 endphase=1 uptime=2", "E2E-DONE action=poweroff uptime=3"}
+	if got := c.lines(); !reflect.DeepEqual(got, want) {
+		t.Errorf("lines:\n got %q\nwant %q", got, want)
+	}
+}
