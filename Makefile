@@ -20,7 +20,7 @@
 #   make e2e-full   the longer e2e matrix (run before resolving an issue)
 #   make fuzz       every fuzz target for FUZZTIME each (default 60s)
 #   make bench      -benchmem microbenchmarks and the side-by-side run against
-#                   the reference virtiofsd (test/bench)
+#                   the reference C virtiofsd and the Rust virtiofsd (test/bench)
 #   make bench-guest fio from a TCG guest against both daemons (not in make test)
 #   make soak       SOAK_DURATION (default 1h) of fio verify + metadata churn in
 #                   a TCG guest while the daemon's RSS, fds, threads, goroutines,
@@ -101,15 +101,18 @@ fuzz-short:
 	$(MAKE) fuzz FUZZTIME=10s
 
 # bench: the -benchmem microbenchmarks, then the side-by-side run of
-# govirtiofsd and the reference C virtiofsd through the in-repo front end
-# (test/bench; needs root for the tmpfs share and the reference's
-# namespace sandbox; about 5 minutes). BENCHFLAGS are passed to it, e.g.
-# BENCHFLAGS='-rounds 1 -duration 1s' or '-configs ours,ref-pool0'.
+# govirtiofsd, the reference C virtiofsd (--thread-pool-size 0, 1, 2) and
+# the Rust virtiofsd from make test-deps (--thread-pool-size 0 and 2, its
+# default sandbox) through the in-repo front end (test/bench; needs root
+# for the tmpfs share and the other daemons' namespace sandboxes; about 7
+# minutes). BENCHFLAGS are passed to it, e.g.
+# BENCHFLAGS='-rounds 1 -duration 1s' or '-configs ours,ref-pool0,rust-pool0'.
 REF_VIRTIOFSD ?= /usr/lib/qemu/virtiofsd
+RUST_VIRTIOFSD ?= $(CURDIR)/.cache/peers/bin/virtiofsd-rust
 BENCHFLAGS ?=
 bench: test-deps build
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
-	$(GO) run ./test/bench/cmd -ours $(CURDIR)/$(BIN) -ref $(REF_VIRTIOFSD) $(BENCHFLAGS)
+	$(GO) run ./test/bench/cmd -ours $(CURDIR)/$(BIN) -ref $(REF_VIRTIOFSD) -rust $(RUST_VIRTIOFSD) $(BENCHFLAGS)
 
 # bench-guest: fio from a Linux 6.12 guest under TCG (test/e2e
 # TestBenchGuest; root) against govirtiofsd (default settings, 1 and 2
