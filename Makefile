@@ -114,14 +114,15 @@ bench: test-deps build
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
 	$(GO) run ./test/bench/cmd -ours $(CURDIR)/$(BIN) -ref $(REF_VIRTIOFSD) -rust $(RUST_VIRTIOFSD) $(BENCHFLAGS)
 
-# bench-guest: fio from a Linux 6.12 guest under TCG (test/e2e
+# bench-guest: fio from a Linux 6.12 guest under TCG and QEMU 10 (test/e2e
 # TestBenchGuest; root) against govirtiofsd (default settings, 1 and 2
-# request queues) and the reference virtiofsd (--thread-pool-size 0 and 2),
-# one tmpfs share each: 1 MiB write/read libaio at iodepth 16 and 64 with
+# request queues), the reference C virtiofsd and the Rust virtiofsd
+# (--thread-pool-size 0 and 2 each), one tmpfs share each: 1 MiB write/read libaio at iodepth 16 and 64 with
 # numjobs 1 and 4, 4 KiB randwrite/randread; prints MiB/s or IOPS and the
-# ratios ours/reference, best of BENCHGUEST_ROUNDS rounds, marking figures
-# taken while other processes loaded the host. About 17 minutes with the
-# defaults; narrow it with e.g. BENCHGUEST_RUNTIME=3 BENCHGUEST_ROUNDS=1
+# ratios ours/reference and ours/Rust, best of BENCHGUEST_ROUNDS rounds,
+# marking figures taken while other processes loaded the host. Roughly 25
+# minutes with the defaults (17 with the four configurations before the
+# Rust daemon's; not re-timed); narrow it with e.g. BENCHGUEST_RUNTIME=3 BENCHGUEST_ROUNDS=1
 # BENCHGUEST_CONFIGS=ours,ref-pool0 BENCHGUEST_WORKLOADS='^seq'; ours-pool0
 # and ours-pool1 (--thread-pool-size 0 and 1, Kata's) run only when named.
 # BENCHGUEST_ALT=path/to/another/govirtiofsd adds configurations alt and
