@@ -563,32 +563,39 @@ func (m *migEnv) checkNodeIDs() {
 		if src.kind != ourDaemon || dst.kind != ourDaemon || !m.reached(dst) {
 			continue
 		}
-		served := map[string]bool{"0": true, "1": true}
-		for _, r := range src.d.fuseRequests(t) {
-			served[r.NodeID] = true
-		}
-		var foreign []string
-		var openIDs = map[string]bool{}
-		for _, r := range dst.d.fuseRequests(t) {
-			if r.Opcode == "INIT" {
-				break
-			}
-			if !served[r.NodeID] {
-				foreign = append(foreign, r.Opcode+":"+r.NodeID)
-			}
-			switch r.Opcode {
-			case "READ", "WRITE":
-				openIDs[r.NodeID] = true
-			}
-		}
+		foreign, openIDs := foreignNodeIDs(src.d.fuseRequests(t), dst.d.fuseRequests(t))
 		if len(foreign) > 0 {
 			t.Errorf("%s served node ids %s never served: %v", dst.name, src.name, foreign[:min(len(foreign), 20)])
 		}
 		if len(openIDs) == 0 {
 			t.Errorf("%s logged no READ or WRITE before a new INIT: the open files were not used there", dst.name)
 		}
-		t.Logf("%s: node ids of READ/WRITE after the migration from %s: %v (all served by %s)", dst.name, src.name, slices.Sorted(maps.Keys(openIDs)), src.name)
+		t.Logf("%s: node ids of its READs/WRITEs after the migration from %s: %v; requests on node ids %s never served: %d",
+			dst.name, src.name, openIDs, src.name, len(foreign))
 	}
+}
+
+// foreignNodeIDs returns the destination's requests (OPCODE:NODEID) before
+// its first INIT whose node id the source never served (0 and 1, the root,
+// always count as served), and the node ids of its READs and WRITEs there.
+func foreignNodeIDs(src, dst []fuseRequest) (foreign, readWrite []string) {
+	served := map[string]bool{"0": true, "1": true}
+	for _, r := range src {
+		served[r.NodeID] = true
+	}
+	rw := map[string]bool{}
+	for _, r := range dst {
+		if r.Opcode == "INIT" {
+			break
+		}
+		if !served[r.NodeID] {
+			foreign = append(foreign, r.Opcode+":"+r.NodeID)
+		}
+		if r.Opcode == "READ" || r.Opcode == "WRITE" {
+			rw[r.NodeID] = true
+		}
+	}
+	return foreign, slices.Sorted(maps.Keys(rw))
 }
 
 // reached reports whether the guest ran on h (a migration to it completed).

@@ -251,3 +251,14 @@ func TestGuestConsoleJoin(t *testing.T) {
 		t.Errorf("lines:\n got %q\nwant %q", got, want)
 	}
 }
+
+func TestForeignNodeIDs(t *testing.T) {
+	req := func(op, node string) fuseRequest { return fuseRequest{Opcode: op, NodeID: node} }
+	src := []fuseRequest{req("INIT", "0"), req("LOOKUP", "1"), req("OPEN", "7"), req("READ", "7"), req("WRITE", "9")}
+	dst := []fuseRequest{req("READ", "7"), req("WRITE", "9"), req("GETATTR", "1"), req("WRITE", "12"), req("FLUSH", "12"),
+		req("INIT", "0"), req("READ", "44")} // after a new INIT: not judged
+	foreign, rw := foreignNodeIDs(src, dst)
+	if !reflect.DeepEqual(foreign, []string{"WRITE:12", "FLUSH:12"}) || !reflect.DeepEqual(rw, []string{"12", "7", "9"}) {
+		t.Errorf("foreignNodeIDs: foreign %v, read/write %v", foreign, rw)
+	}
+}
