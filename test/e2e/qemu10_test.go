@@ -43,6 +43,7 @@ func newestKernelAtLeast(t *testing.T, major, minor int, why string) guestKernel
 // against the daemon's expectations (DESIGN.md §2, §10), not asserted here.
 func TestQEMU10Boot(t *testing.T) {
 	requireE2E(t)
+	peersBin(t, qemu10Wrapper)
 	start := time.Now()
 	k := newestKernelAtLeast(t, 6, 12, "QEMU 10 runs Linux 6.12 guests only")
 	e := newEnv(t, ourDaemon, k)
