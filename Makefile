@@ -2,6 +2,14 @@
 #
 #   make            make deps, then the static daemon at bin/govirtiofsd
 #   make deps       Debian packages the build and the tests need (root)
+#   make test-deps  deps, then the peers the tests also run against, fetched
+#                   into .cache/peers without touching the system (test/peers.sh:
+#                   QEMU 10.x from bookworm-backports, the Rust virtiofsd 1.13.x
+#                   from trixie, private apt state; ~10 s once, then a stamp
+#                   check). Wrappers: .cache/peers/bin/qemu-system-x86_64-10 and
+#                   .cache/peers/bin/virtiofsd-rust. A prerequisite of test, e2e,
+#                   e2e-full, bench, bench-guest and soak (not of make/build);
+#                   PEERS_REFRESH=1 asks the mirror again for newer point releases
 #   make test       everything CI runs: vet, unit + integration (-race,
 #                   --sandbox none), integration against the static daemon
 #                   in its default sandbox (and the escape tests in chroot),
@@ -12,7 +20,7 @@
 #   make e2e-full   the longer e2e matrix (run before resolving an issue)
 #   make fuzz       every fuzz target for FUZZTIME each (default 60s)
 #   make bench      -benchmem microbenchmarks and the side-by-side run against
-#                   the reference virtiofsd (test/bench)
+#                   the reference C virtiofsd and the Rust virtiofsd (test/bench)
 #   make bench-guest fio from a TCG guest against both daemons (not in make test)
 #   make soak       SOAK_DURATION (default 1h) of fio verify + metadata churn in
 #                   a TCG guest while the daemon's RSS, fds, threads, goroutines,
@@ -42,7 +50,7 @@ FUZZ_TARGETS := \
 	./internal/fuse:FuzzLoadStateHeader \
 	./internal/passthrough:FuzzLoadState
 
-.PHONY: all build deps test unit integration-sandbox e2e e2e-full fuzz fuzz-short bench bench-guest soak clean
+.PHONY: all build deps test-deps test unit integration-sandbox e2e e2e-full fuzz fuzz-short bench bench-guest soak clean
 
 all: deps build
 
@@ -56,7 +64,11 @@ deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
-test: deps build
+# test-deps: QEMU 10 and the Rust virtiofsd for the tests (test/peers.sh).
+test-deps: deps
+	test/peers.sh
+
+test: deps test-deps build
 	$(GO) vet ./...
 	$(MAKE) unit
 	$(MAKE) integration-sandbox
@@ -77,10 +89,10 @@ integration-sandbox: deps build
 	GOVIRTIOFSD_INTEGRATION_BIN=$(CURDIR)/$(BIN) GOVIRTIOFSD_INTEGRATION_SANDBOX=chroot \
 		$(GO) test -count=1 -timeout 10m -run '^(TestEscape|TestCVE|TestForgetAbuse|TestStaleIDs)' ./test/integration/
 
-e2e: deps build
+e2e: deps test-deps build
 	GOVIRTIOFSD_E2E=1 GOVIRTIOFSD_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -timeout 20m ./test/e2e/
 
-e2e-full: deps build
+e2e-full: deps test-deps build
 	GOVIRTIOFSD_E2E=1 GOVIRTIOFSD_E2E_FULL=1 GOVIRTIOFSD_E2E_REFERENCE=1 GOVIRTIOFSD_BIN=$(CURDIR)/$(BIN) \
 		$(GO) test -count=1 -v -timeout 60m ./test/e2e/
 
@@ -91,24 +103,28 @@ fuzz-short:
 	$(MAKE) fuzz FUZZTIME=10s
 
 # bench: the -benchmem microbenchmarks, then the side-by-side run of
-# govirtiofsd and the reference C virtiofsd through the in-repo front end
-# (test/bench; needs root for the tmpfs share and the reference's
-# namespace sandbox; about 5 minutes). BENCHFLAGS are passed to it, e.g.
-# BENCHFLAGS='-rounds 1 -duration 1s' or '-configs ours,ref-pool0'.
+# govirtiofsd, the reference C virtiofsd (--thread-pool-size 0, 1, 2) and
+# the Rust virtiofsd from make test-deps (--thread-pool-size 0 and 2, its
+# default sandbox) through the in-repo front end (test/bench; needs root
+# for the tmpfs share and the other daemons' namespace sandboxes; about 7
+# minutes). BENCHFLAGS are passed to it, e.g.
+# BENCHFLAGS='-rounds 1 -duration 1s' or '-configs ours,ref-pool0,rust-pool0'.
 REF_VIRTIOFSD ?= /usr/lib/qemu/virtiofsd
+RUST_VIRTIOFSD ?= $(CURDIR)/.cache/peers/bin/virtiofsd-rust
 BENCHFLAGS ?=
-bench: build
+bench: test-deps build
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
-	$(GO) run ./test/bench/cmd -ours $(CURDIR)/$(BIN) -ref $(REF_VIRTIOFSD) $(BENCHFLAGS)
+	$(GO) run ./test/bench/cmd -ours $(CURDIR)/$(BIN) -ref $(REF_VIRTIOFSD) -rust $(RUST_VIRTIOFSD) $(BENCHFLAGS)
 
-# bench-guest: fio from a Linux 6.12 guest under TCG (test/e2e
+# bench-guest: fio from a Linux 6.12 guest under TCG and QEMU 10 (test/e2e
 # TestBenchGuest; root) against govirtiofsd (default settings, 1 and 2
-# request queues) and the reference virtiofsd (--thread-pool-size 0 and 2),
-# one tmpfs share each: 1 MiB write/read libaio at iodepth 16 and 64 with
+# request queues), the reference C virtiofsd and the Rust virtiofsd
+# (--thread-pool-size 0 and 2 each), one tmpfs share each: 1 MiB write/read libaio at iodepth 16 and 64 with
 # numjobs 1 and 4, 4 KiB randwrite/randread; prints MiB/s or IOPS and the
-# ratios ours/reference, best of BENCHGUEST_ROUNDS rounds, marking figures
-# taken while other processes loaded the host. About 17 minutes with the
-# defaults; narrow it with e.g. BENCHGUEST_RUNTIME=3 BENCHGUEST_ROUNDS=1
+# ratios ours/reference and ours/Rust, best of BENCHGUEST_ROUNDS rounds,
+# marking figures taken while other processes loaded the host. Roughly 25
+# minutes with the defaults (17 with the four configurations before the
+# Rust daemon's; not re-timed); narrow it with e.g. BENCHGUEST_RUNTIME=3 BENCHGUEST_ROUNDS=1
 # BENCHGUEST_CONFIGS=ours,ref-pool0 BENCHGUEST_WORKLOADS='^seq'; ours-pool0
 # and ours-pool1 (--thread-pool-size 0 and 1, Kata's) run only when named.
 # BENCHGUEST_ALT=path/to/another/govirtiofsd adds configurations alt and
@@ -120,7 +136,7 @@ BENCHGUEST_SIZE ?= 64M
 BENCHGUEST_CONFIGS ?=
 BENCHGUEST_WORKLOADS ?=
 BENCHGUEST_ALT ?=
-bench-guest: deps build
+bench-guest: deps test-deps build
 	GOVIRTIOFSD_E2E_BENCH=1 GOVIRTIOFSD_BIN=$(CURDIR)/$(BIN) \
 	GOVIRTIOFSD_BENCH_RUNTIME=$(BENCHGUEST_RUNTIME) GOVIRTIOFSD_BENCH_ROUNDS=$(BENCHGUEST_ROUNDS) \
 	GOVIRTIOFSD_BENCH_SIZE=$(BENCHGUEST_SIZE) \
@@ -140,7 +156,7 @@ bench-guest: deps build
 # timeout is SOAK_DURATION + 30m: a duration's terms add up, so 16m30m is 46m.
 SOAK_DURATION ?= 1h
 SOAK_INTERVAL ?= 10s
-soak: deps build
+soak: deps test-deps build
 	GOVIRTIOFSD_SOAK=$(SOAK_DURATION) GOVIRTIOFSD_SOAK_INTERVAL=$(SOAK_INTERVAL) GOVIRTIOFSD_BIN=$(CURDIR)/$(BIN) \
 		$(GO) test -count=1 -v -run '^TestSoak$$' -timeout $(SOAK_DURATION)30m ./test/e2e/
 

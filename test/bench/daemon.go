@@ -16,8 +16,11 @@ import (
 
 // Config is one daemon configuration of the side-by-side run.
 type Config struct {
-	Name  string
-	Ours  bool
+	Name string
+	Ours bool
+	// Rust: the Rust virtiofsd (SuiteOptions.RustBin), with its own long
+	// options; neither Ours nor Rust: the reference C daemon.
+	Rust  bool
 	Pool  int      // --thread-pool-size; <0: not passed (the daemon's default)
 	Rings int      // request rings the front end sets up
 	Bin   string   // binary, if not SuiteOptions' (an A/B build of ours)
@@ -30,6 +33,10 @@ func (c Config) Label() string { return c.Name }
 // Args returns the daemon's command line (after the binary).
 func (c Config) Args(sock, share string) []string {
 	a := []string{"--socket-path=" + sock, "-o", "source=" + share, "-o", "cache=none"}
+	if c.Rust {
+		// Its default sandbox (namespace) and seccomp (kill) work here.
+		a = []string{"--socket-path=" + sock, "--shared-dir=" + share, "--cache=never"}
+	}
 	if c.Pool >= 0 {
 		a = append(a, "--thread-pool-size="+strconv.Itoa(c.Pool))
 	}

@@ -1,8 +1,10 @@
-// Package bench is the side-by-side benchmark of govirtiofsd and the
-// reference C virtiofsd (make bench; the command is test/bench/cmd).
+// Package bench is the side-by-side benchmark of govirtiofsd, the
+// reference C virtiofsd and the Rust virtiofsd 1.13 (make bench; the
+// command is test/bench/cmd; the Rust daemon comes from make test-deps).
 //
 // Each daemon configuration (ours by default, ours with 2 request rings,
-// ours and the reference with --thread-pool-size 0/1/2) is started in
+// ours and the reference with --thread-pool-size 0/1/2, the Rust daemon
+// with --thread-pool-size 0 and 2 in its default sandbox) is started in
 // turn on a tmpfs share with cache=none, a fresh daemon per run, the
 // configurations interleaved per workload and the whole set repeated for
 // a few rounds, each starting one configuration later than the last (the
@@ -13,7 +15,8 @@
 // pause and resume (GET_VRING_BASE, then NUM/BASE/ADDR/KICK/ENABLE/CALL at
 // the same base) to hand every ring to a Ring with its own kick and call
 // eventfds, and one goroutine per ring (locked to its thread, as a vCPU)
-// keeps the requests in flight:
+// keeps the requests in flight (for the Rust daemon SET_VRING_ENABLE waits
+// for its ack, as in QEMU >= 8.1: it drops a kick that beats the enable):
 //
 //   - requests are laid out once per slot the way Linux's virtio_fs does
 //     (in header, in args, one descriptor per 4 KiB data page, out header,

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/govirtiofsd/govirtiofsd/test/vmm"
 )
 
 // DefaultWorkloads is the side-by-side set.
@@ -32,7 +34,8 @@ func DefaultWorkloads() []Workload {
 
 // DefaultConfigs is the side-by-side set of daemon configurations. The
 // first is ours by default; the reference's best is taken over
-// RefCompared.
+// RefCompared, the Rust virtiofsd's over RustCompared (its configurations
+// run only with SuiteOptions.RustBin).
 func DefaultConfigs() []Config {
 	return []Config{
 		{Name: "ours", Ours: true, Pool: -1, Rings: 1},
@@ -42,16 +45,23 @@ func DefaultConfigs() []Config {
 		{Name: "ref-pool0", Pool: 0, Rings: 1},
 		{Name: "ref-pool2", Pool: 2, Rings: 1},
 		{Name: "ref-pool1", Pool: 1, Rings: 1},
+		{Name: "rust-pool0", Rust: true, Pool: 0, Rings: 1},
+		{Name: "rust-pool2", Rust: true, Pool: 2, Rings: 1},
 	}
 }
 
 // RefCompared are the reference settings whose best is the bar.
 var RefCompared = []string{"ref-pool0", "ref-pool2"}
 
+// RustCompared are the Rust virtiofsd's settings whose best the "vs rust"
+// column compares ours with (its default is --thread-pool-size 0).
+var RustCompared = []string{"rust-pool0", "rust-pool2"}
+
 // SuiteOptions configure a side-by-side run.
 type SuiteOptions struct {
 	OursBin   string
 	RefBin    string
+	RustBin   string // the Rust virtiofsd (make test-deps' wrapper)
 	Dir       string // scratch directory (sockets, logs, the tmpfs share)
 	Share     string // share directory; empty: a tmpfs mounted under Dir
 	Warmup    time.Duration
@@ -175,6 +185,9 @@ func (o *SuiteOptions) bin(c Config) string {
 	if c.Ours {
 		return o.OursBin
 	}
+	if c.Rust {
+		return o.RustBin
+	}
 	return o.RefBin
 }
 
@@ -199,6 +212,18 @@ func bufMiB(depth, size int) uint64 {
 	return max(64, (pages*4096*3/2)>>20+16)
 }
 
+// targetOptions are the front end's options for c: for the Rust virtiofsd,
+// SET_VRING_ENABLE waits for the back end's ack as in QEMU >= 8.1 (the
+// Rust daemon drops a kick that arrives before it has enabled the ring,
+// and the front end's first kick, INIT's, would otherwise beat it).
+func (c Config) targetOptions(queueSize uint16, bufMiB uint64) vmm.Options {
+	opts := TargetOptions(c.Rings, queueSize, bufMiB)
+	if c.Rust {
+		opts.Ack = vmm.AckQEMU10
+	}
+	return opts
+}
+
 // runOne starts c's daemon, connects, runs w and stops the daemon.
 func (o *SuiteOptions) runOne(c Config, w Workload, tag string) Cell {
 	env := o.env(c)
@@ -213,7 +238,7 @@ func (o *SuiteOptions) runOne(c Config, w Workload, tag string) Cell {
 	}
 	defer d.Stop()
 	size := max(w.Size, 4096)
-	t, err := Connect(d.Sock, TargetOptions(c.Rings, o.QueueSize, bufMiB(o.Depth, size)), o.files(), o.FileSize)
+	t, err := Connect(d.Sock, c.targetOptions(o.QueueSize, bufMiB(o.Depth, size)), o.files(), o.FileSize)
 	if err != nil {
 		return Cell{Err: fmt.Errorf("%s: %w (log: %s)", c.Name, err, tail(d.Log))}
 	}
@@ -253,7 +278,7 @@ func (o *SuiteOptions) rssOne(c Config) (idle, after Mem, rate float64, err erro
 	}
 	defer d.Stop()
 	w := Workload{Name: "write 1M seq, 4 files", Kind: SeqWrite, Size: 1 << 20, Files: 4}
-	t, err := Connect(d.Sock, TargetOptions(c.Rings, o.QueueSize, bufMiB(o.RSSDepth, w.Size)), o.files(), o.FileSize)
+	t, err := Connect(d.Sock, c.targetOptions(o.QueueSize, bufMiB(o.RSSDepth, w.Size)), o.files(), o.FileSize)
 	if err != nil {
 		return idle, after, 0, err
 	}
@@ -420,15 +445,15 @@ func (sr *SuiteResult) Print(out io.Writer) {
 		"ratio = ours (default settings) / best of %s; 2q = ours with 2 request rings / the same best;\n"+
 		"paired = the median over rounds of ours / that round's best of the same (a slow phase of the machine\n"+
 		"lasts seconds and falls on every configuration of a round alike, so it moves this figure less);\n"+
-		"2q/1q = ours-2q / ours, of the medians and paired by round.\n"+
+		"2q/1q = ours-2q / ours, of the medians and paired by round; vs rust = ours / best of %s.\n"+
 		"With 2 rings, %s.\n\n",
-		o.Depth, o.Duration, o.Warmup, o.Rounds, strings.Join(RefCompared, ", "), ringFiles(o.Interleave))
+		o.Depth, o.Duration, o.Warmup, o.Rounds, strings.Join(RefCompared, ", "), strings.Join(RustCompared, ", "), ringFiles(o.Interleave))
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	hdr := []string{"workload"}
 	for _, c := range o.Configs {
 		hdr = append(hdr, c.Name)
 	}
-	hdr = append(hdr, "ratio", "paired", "2q ratio", "vs ref-pool0", "2q/1q", "2q/1q paired")
+	hdr = append(hdr, "ratio", "paired", "2q ratio", "vs ref-pool0", "2q/1q", "2q/1q paired", "vs rust")
 	fmt.Fprintln(tw, strings.Join(hdr, "\t")+"\t")
 	for _, w := range o.Workloads {
 		row := []string{w.Name}
@@ -442,9 +467,12 @@ func (sr *SuiteResult) Print(out io.Writer) {
 			rate[c.Name] = m.Res.Rate(w)
 			row = append(row, fmtRate(rate[c.Name], w.Unit()))
 		}
-		best := 0.0
+		best, bestRust := 0.0, 0.0
 		for _, n := range RefCompared {
 			best = max(best, rate[n])
+		}
+		for _, n := range RustCompared {
+			bestRust = max(bestRust, rate[n])
 		}
 		ratio := func(n string, base float64) string {
 			if v, ok := rate[n]; ok && base > 0 {
@@ -459,7 +487,7 @@ func (sr *SuiteResult) Print(out io.Writer) {
 			return "-"
 		}
 		row = append(row, ratio("ours", best), paired("ours", RefCompared), ratio("ours-2q", best), ratio("ours", rate["ref-pool0"]),
-			ratio("ours-2q", rate["ours"]), paired("ours-2q", []string{"ours"}))
+			ratio("ours-2q", rate["ours"]), paired("ours-2q", []string{"ours"}), ratio("ours", bestRust))
 		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
 	tw.Flush()

@@ -33,6 +33,11 @@ var benchConfigs = []benchConfig{
 	// queue thread) and a pool of 2.
 	{name: "ref-pool0", kind: refDaemon, extra: []string{"--thread-pool-size=0"}, queues: 1},
 	{name: "ref-pool2", kind: refDaemon, extra: []string{"--thread-pool-size=2"}, queues: 1},
+	// The Rust virtiofsd 1.13 (make test-deps): its default (0: one
+	// epoll thread serves both queues) and a pool of 2; --cache never, its
+	// default sandbox. It serves one request queue.
+	{name: "rust-pool0", kind: rustDaemon, extra: []string{"--thread-pool-size=0"}, queues: 1},
+	{name: "rust-pool2", kind: rustDaemon, extra: []string{"--thread-pool-size=2"}, queues: 1},
 }
 
 // benchOptionalConfigs run only when GOVIRTIOFSD_BENCH_CONFIGS names them:
@@ -95,9 +100,10 @@ type benchSample struct {
 const benchOtherLoad = 0.3
 
 // TestBenchGuest (make bench-guest; GOVIRTIOFSD_E2E_BENCH=1, root) measures
-// fio from a TCG guest (Linux 6.12, 2 vCPUs) against our daemon (default
-// settings; also with 2 request queues) and the reference C daemon
-// (--thread-pool-size 0 and 2), each on its own tmpfs share with
+// fio from a TCG guest (Linux 6.12, 2 vCPUs, QEMU 10 for every
+// configuration) against our daemon (default settings; also with 2 request
+// queues), the reference C daemon (--thread-pool-size 0 and 2) and the Rust
+// virtiofsd (--thread-pool-size 0 and 2), each on its own tmpfs share with
 // cache=none: 1 MiB sequential write and read with libaio at iodepth 16 and
 // 64, numjobs 1 and 4, and 4 KiB random write and read at iodepth 16,
 // numjobs 1 and 4; O_DIRECT, time_based, no verify. All guests boot at
@@ -106,7 +112,7 @@ const benchOtherLoad = 0.3
 // round), so drifting load on a shared host spreads over the
 // configurations. It prints, per configuration, the best of the rounds in
 // MiB/s (1 MiB) or IOPS (4 KiB), and the ratios of ours to the reference's
-// best and default settings. Each sample also records how many cores the
+// best and default settings and to the Rust daemon's best. Each sample also records how many cores the
 // rest of the host kept busy meanwhile (from /proc: all CPU time minus that
 // of this test's QEMUs and daemons); figures measured while that exceeded
 // benchOtherLoad are marked "*": on a shared host they say more about the
@@ -117,7 +123,7 @@ const benchOtherLoad = 0.3
 // GOVIRTIOFSD_BENCH_ROUNDS rounds over all workloads (default 2),
 // GOVIRTIOFSD_BENCH_SIZE file size per job (default 64M),
 // GOVIRTIOFSD_BENCH_CONFIGS a comma-separated subset of ours, ours-2q,
-// ref-pool0, ref-pool2, and of ours-pool0 and ours-pool1, which run only
+// ref-pool0, ref-pool2, rust-pool0, rust-pool2, and of ours-pool0 and ours-pool1, which run only
 // when named (and alt, alt-2q: the build GOVIRTIOFSD_BENCH_ALT names, with
 // our default settings, for A/B comparisons in one run),
 // GOVIRTIOFSD_BENCH_WORKLOADS a regexp on workload names.
@@ -215,8 +221,10 @@ func TestBenchGuest(t *testing.T) {
 		sock := filepath.Join(sockDir, "vhost.sock")
 		r.boot = func() {
 			r.d = startDaemon(t, c.kind, sock, share, filepath.Join(r.dir, "daemon.log"), c.extra...)
+			// Every daemon of one comparison under the same QEMU:
+			// QEMU 10, the one users run with the Rust daemon.
 			r.v = startVM(t, r.dir, vmConfig{
-				Kernel: k, Sock: sock, Script: "bench", Timeout: total,
+				Kernel: k, QEMU: qemu10, Sock: sock, Script: "bench", Timeout: total,
 				DeviceOpts: []string{"num-request-queues=" + strconv.Itoa(c.queues)},
 				Append: []string{"e2e.benchsize=" + size, "e2e.benchruntime=" + strconv.Itoa(runtime),
 					"e2e.asktimeout=" + strconv.Itoa(int(total.Seconds()))},
@@ -433,10 +441,11 @@ func benchLine(runs []*benchRun, w benchWorkload) string {
 
 func benchTable(runs []*benchRun, workloads []benchWorkload, k guestKernel, runtime, rounds int, size string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nfio from a TCG guest (Linux %s, 2 vCPUs, 1 GiB), tmpfs share per configuration, cache=none;\n", k.Version)
+	fmt.Fprintf(&b, "\nfio from a TCG guest (Linux %s, 2 vCPUs, 1 GiB, QEMU 10), tmpfs share per configuration, cache=none;\n", k.Version)
 	fmt.Fprintf(&b, "libaio, O_DIRECT, %ds time_based per workload, %s file per job, no verify; one guest at a time.\n", runtime, size)
 	fmt.Fprintf(&b, "Best of %d round(s); 1 MiB workloads in MiB/s, 4 KiB workloads in IOPS. best ref = the better of ref-pool0 and\n", rounds)
-	fmt.Fprintf(&b, "ref-pool2. * = measured while other processes kept more than %.1f cores busy.\n\n", benchOtherLoad)
+	fmt.Fprintf(&b, "ref-pool2; ours/rust = ours / the better of rust-pool0 and rust-pool2.\n")
+	fmt.Fprintf(&b, "* = measured while other processes kept more than %.1f cores busy.\n\n", benchOtherLoad)
 	fmt.Fprintf(&b, "%-24s", "workload")
 	for _, r := range runs {
 		fmt.Fprintf(&b, " %10s", r.cfg.name)
@@ -471,6 +480,9 @@ func benchTable(runs []*benchRun, workloads []benchWorkload, k guestKernel, runt
 	if has["ours"] && has["ours-2q"] {
 		cols = append(cols, ratioCol{"2q/1q", "ours-2q", "ours"})
 	}
+	if has["ours"] && has["rust-pool0"] && has["rust-pool2"] {
+		cols = append(cols, ratioCol{"ours/rust", "ours", "rust"})
+	}
 	for _, c := range cols {
 		fmt.Fprintf(&b, " %13s", c.head)
 	}
@@ -486,8 +498,11 @@ func benchTable(runs []*benchRun, workloads []benchWorkload, k guestKernel, runt
 		}
 		for _, c := range cols {
 			num, den := value(c.num, w), value(c.den, w)
-			if c.den == "best" {
+			switch c.den {
+			case "best":
 				den = math.Max(value("ref-pool0", w), value("ref-pool2", w)) // NaN if either is
+			case "rust":
+				den = math.Max(value("rust-pool0", w), value("rust-pool2", w))
 			}
 			if math.IsNaN(num) || math.IsNaN(den) || den == 0 {
 				fmt.Fprintf(&b, " %13s", "-")

@@ -9,6 +9,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -172,6 +174,9 @@ const (
 	// altDaemon is another build of ours (GOVIRTIOFSD_BENCH_ALT), run
 	// beside it for A/B benchmarks.
 	altDaemon
+	// rustDaemon is the Rust virtiofsd 1.13 (make test-deps) in its
+	// default sandbox (namespace, seccomp kill), --cache never.
+	rustDaemon
 )
 
 func (k daemonKind) String() string {
@@ -180,9 +185,39 @@ func (k daemonKind) String() string {
 		return "reference"
 	case altDaemon:
 		return "govirtiofsd (alt)"
+	case rustDaemon:
+		return "virtiofsd (Rust)"
 	}
 	return "govirtiofsd"
 }
+
+// ---------------------------------------------------------------------------
+// Peers fetched by make test-deps (test/peers.sh)
+
+// peersDir is where test/peers.sh put QEMU 10 and the Rust virtiofsd
+// (GOVIRTIOFSD_PEERS, default .cache/peers).
+func peersDir() string {
+	if d := os.Getenv("GOVIRTIOFSD_PEERS"); d != "" {
+		return d
+	}
+	return filepath.Join(repoRoot, ".cache", "peers")
+}
+
+// peersBin returns one of test/peers.sh's wrappers (bin/NAME); it fails the
+// test if make test-deps has not made it.
+func peersBin(t *testing.T, name string) string {
+	t.Helper()
+	p := filepath.Join(peersDir(), "bin", name)
+	if fi, err := os.Stat(p); err != nil || fi.Mode()&0o111 == 0 {
+		t.Fatalf("%s: not there or not executable (%v): run make test-deps (test/peers.sh fetches QEMU 10 and the Rust virtiofsd)", p, err)
+	}
+	return p
+}
+
+const (
+	qemu10Wrapper  = "qemu-system-x86_64-10"
+	rustDaemonName = "virtiofsd-rust"
+)
 
 type process struct {
 	cmd      *exec.Cmd
@@ -285,6 +320,9 @@ func startDaemon(t *testing.T, kind daemonKind, sock, shared, logPath string, ex
 	case refDaemon:
 		args := []string{"--socket-path=" + sock, "-o", "source=" + shared, "-o", "cache=none"}
 		cmd = exec.Command(referenceDaemon, append(args, extra...)...)
+	case rustDaemon:
+		args := []string{"--socket-path", sock, "--shared-dir", shared, "--cache", "never"}
+		cmd = exec.Command(peersBin(t, rustDaemonName), append(args, extra...)...)
 	default:
 		args := []string{"--socket-path", sock, "--shared-dir", shared, "--log-level", "debug"}
 		args = append(args, extra...)
@@ -378,6 +416,85 @@ func (d *daemon) lifecycleLines(t *testing.T) []string {
 	return out
 }
 
+// logSize is the daemon log's current length: an offset for vhostMessages.
+func (d *daemon) logSize(t *testing.T) int64 {
+	t.Helper()
+	fi, err := os.Stat(d.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
+}
+
+// vhostMessage is one `msg="vhost-user message"` debug line of our daemon
+// (or a `msg="vhost-user message refused"` warning: Refused).
+type vhostMessage struct {
+	Request, Size, FDs string
+	Refused            string // the error, for a refused message
+}
+
+func (m vhostMessage) String() string {
+	s := m.Request + " size=" + m.Size + " fds=" + m.FDs
+	if m.Refused != "" {
+		s = m.Request + " REFUSED: " + m.Refused
+	}
+	return s
+}
+
+// vhostMessages returns the vhost-user messages the daemon logged between
+// the log offsets from and to (to < 0: the end), in order.
+func (d *daemon) vhostMessages(t *testing.T, from, to int64) []vhostMessage {
+	t.Helper()
+	data, err := os.ReadFile(d.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if to < 0 || to > int64(len(data)) {
+		to = int64(len(data))
+	}
+	from = min(from, to)
+	var out []vhostMessage
+	for _, line := range strings.Split(string(data[from:to]), "\n") {
+		kv := parseLogfmt(line)
+		switch kv["msg"] {
+		case "vhost-user message":
+			out = append(out, vhostMessage{Request: kv["request"], Size: kv["size"], FDs: kv["fds"]})
+		case "vhost-user message refused":
+			out = append(out, vhostMessage{Request: kv["request"], Refused: kv["err"]})
+		}
+	}
+	return out
+}
+
+// compactSequence writes a sequence of names compactly: a run of a repeated
+// block becomes "(A B)x3", a repeated name "Ax2".
+func compactSequence(names []string) string {
+	var parts []string
+	for i := 0; i < len(names); {
+		bestL, bestK := 1, 1
+		for l := 1; l <= 8 && i+2*l <= len(names); l++ {
+			k := 1
+			for i+(k+1)*l <= len(names) && slices.Equal(names[i:i+l], names[i+k*l:i+(k+1)*l]) {
+				k++
+			}
+			if k > 1 && l*k > bestL*bestK {
+				bestL, bestK = l, k
+			}
+		}
+		block := strings.Join(names[i:i+bestL], " ")
+		switch {
+		case bestK == 1:
+			parts = append(parts, block)
+		case bestL == 1:
+			parts = append(parts, fmt.Sprintf("%sx%d", block, bestK))
+		default:
+			parts = append(parts, fmt.Sprintf("(%s)x%d", block, bestK))
+		}
+		i += bestL * bestK
+	}
+	return strings.Join(parts, " ")
+}
+
 func filterOpcode(reqs []fuseRequest, op string) []fuseRequest {
 	var out []fuseRequest
 	for _, r := range reqs {
@@ -438,6 +555,34 @@ func parseLogfmt(line string) map[string]string {
 // ---------------------------------------------------------------------------
 // QEMU
 
+// qemuVersion chooses the QEMU a guest runs under.
+type qemuVersion int
+
+const (
+	// qemu72 is the system's QEMU 7.2 (Debian 12), the default.
+	qemu72 qemuVersion = iota
+	// qemu10 is QEMU 10.x from bookworm-backports, through test/peers.sh's
+	// wrapper (make test-deps): needed for live migration (QEMU >= 8.2).
+	qemu10
+)
+
+func (q qemuVersion) String() string {
+	if q == qemu10 {
+		return "QEMU 10"
+	}
+	return "QEMU 7.2"
+}
+
+// binary returns the QEMU executable; QEMU 10 fails the test without make
+// test-deps.
+func (q qemuVersion) binary(t *testing.T) string {
+	t.Helper()
+	if q == qemu10 {
+		return peersBin(t, qemu10Wrapper)
+	}
+	return "qemu-system-x86_64"
+}
+
 type vmConfig struct {
 	Kernel      guestKernel
 	Sock        string   // vhost-user socket
@@ -450,21 +595,44 @@ type vmConfig struct {
 	// MemPath backs guest memory with memory-backend-file,mem-path=MemPath
 	// (Kata's /dev/shm) instead of memory-backend-memfd.
 	MemPath string
+	// QEMU is the QEMU to run (default the system's 7.2).
+	QEMU qemuVersion
+	// Incoming makes this a migration destination: -incoming unix:Incoming.
+	// Such a QEMU waits for the source's state and then runs the guest
+	// (its console continues the source's; see guestConsole).
+	Incoming string
+	// Trace enables QEMU trace events (-trace PATTERN each), logged with
+	// their timestamps to qemu-trace.log (qemu-trace-NAME.log) in the
+	// artifact directory, e.g. vhost_user_read, vhost_user_write.
+	Trace []string
+	// Name tells the artifacts of several QEMUs in one directory apart:
+	// console-NAME.log, qemu-NAME.cmdline, and the monitor and QMP sockets
+	// (monitor-NAME.sock, qmp-NAME.sock beside Sock). Empty: console.log,
+	// qemu.cmdline, monitor.sock, qmp.sock.
+	Name string
 }
 
 type vm struct {
 	*process
 	t           *testing.T
+	name        string
 	stdin       io.WriteCloser
-	monitor     string
+	monitor     string // HMP socket
+	qmpPath     string // QMP socket (qmp() dials it)
 	consolePath string
+	tracePath   string // QEMU's trace log ("" without vmConfig.Trace)
 	started     time.Time
 	timeout     time.Duration
 	timedOut    atomic.Bool
 
-	mu    sync.Mutex
-	lines []string
-	times []time.Time // when each line arrived
+	mu      sync.Mutex
+	lines   []string
+	times   []time.Time // when each line arrived
+	partial bool        // the last line ended at EOF without a newline
+
+	qmpOnce sync.Once
+	qmpc    *qmpClient
+	qmpErr  error
 }
 
 func vmTimeout() time.Duration {
@@ -483,7 +651,12 @@ func startVM(t *testing.T, dir string, cfg vmConfig) *vm {
 	if cfg.Timeout == 0 {
 		cfg.Timeout = vmTimeout()
 	}
-	mon := filepath.Join(filepath.Dir(cfg.Sock), "monitor.sock")
+	suffix := ""
+	if cfg.Name != "" {
+		suffix = "-" + cfg.Name
+	}
+	mon := filepath.Join(filepath.Dir(cfg.Sock), "monitor"+suffix+".sock")
+	qmpPath := filepath.Join(filepath.Dir(cfg.Sock), "qmp"+suffix+".sock")
 	tag := cfg.Tag
 	if tag == "" {
 		tag = "myfs"
@@ -500,6 +673,7 @@ func startVM(t *testing.T, dir string, cfg vmConfig) *vm {
 		// default NIC (iPXE) and without terminal escape codes on stdout.
 		"-nodefaults", "-no-user-config", "-display", "none", "-serial", "stdio",
 		"-monitor", "unix:" + mon + ",server=on,wait=off",
+		"-qmp", "unix:" + qmpPath + ",server=on,wait=off",
 		"-object", mem, "-numa", "node,memdev=mem",
 		"-chardev", "socket,id=c0,path=" + cfg.Sock,
 		"-device", strings.Join(append([]string{"vhost-user-fs-pci,chardev=c0,tag=" + tag + ",queue-size=1024"}, cfg.DeviceOpts...), ","),
@@ -509,13 +683,22 @@ func startVM(t *testing.T, dir string, cfg vmConfig) *vm {
 	if !cfg.AllowReboot {
 		args = append(args, "-no-reboot")
 	}
-	cmd := exec.Command("qemu-system-x86_64", args...)
-	consolePath := filepath.Join(dir, "console.log")
+	if cfg.Incoming != "" {
+		args = append(args, "-incoming", "unix:"+cfg.Incoming)
+	}
+	for _, ev := range cfg.Trace {
+		args = append(args, "-trace", ev)
+	}
+	if len(cfg.Trace) > 0 {
+		args = append(args, "-D", filepath.Join(dir, "qemu-trace"+suffix+".log"), "-msg", "timestamp=on")
+	}
+	cmd := exec.Command(cfg.QEMU.binary(t), args...)
+	consolePath := filepath.Join(dir, "console"+suffix+".log")
 	cf, err := os.Create(consolePath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = os.WriteFile(filepath.Join(dir, "qemu.cmdline"), []byte(shellQuote(cmd.Args)+"\n"), 0o644)
+	_ = os.WriteFile(filepath.Join(dir, "qemu"+suffix+".cmdline"), []byte(shellQuote(cmd.Args)+"\n"), 0o644)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -525,7 +708,10 @@ func startVM(t *testing.T, dir string, cfg vmConfig) *vm {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v := &vm{t: t, stdin: stdin, monitor: mon, consolePath: consolePath, started: time.Now()}
+	v := &vm{t: t, name: cfg.Name, stdin: stdin, monitor: mon, qmpPath: qmpPath, consolePath: consolePath, started: time.Now()}
+	if len(cfg.Trace) > 0 {
+		v.tracePath = filepath.Join(dir, "qemu-trace"+suffix+".log")
+	}
 	v.process = startProcess(t, cmd)
 	go v.readConsole(stdout, cf)
 	v.timeout = cfg.Timeout
@@ -608,6 +794,7 @@ func (v *vm) readConsole(r io.Reader, f *os.File) {
 			v.mu.Lock()
 			v.lines = append(v.lines, strings.TrimRight(line, "\r\n"))
 			v.times = append(v.times, time.Now())
+			v.partial = !strings.HasSuffix(line, "\n")
 			v.mu.Unlock()
 		}
 		if err != nil {
@@ -733,6 +920,562 @@ func (v *vm) waitExit() {
 		v.t.Fatalf("QEMU exit status %d (%v)\n%s", c, v.waitErr, lastLines(v.consoleLines(), 25))
 	}
 }
+
+// ---------------------------------------------------------------------------
+// QMP (-qmp unix:PATH,server=on,wait=off on every QEMU)
+
+// qmpTimeout bounds one QMP command (and the connection's greeting).
+const qmpTimeout = 15 * time.Second
+
+// qmpClient speaks QMP on one connection: the greeting, qmp_capabilities,
+// then one command at a time; events that arrive meanwhile are kept.
+type qmpClient struct {
+	mu     sync.Mutex
+	conn   net.Conn
+	dec    *json.Decoder
+	events []qmpEvent
+}
+
+type qmpEvent struct {
+	Event string
+	Data  json.RawMessage
+	At    time.Time // QEMU's timestamp
+}
+
+// qmpError is a command's {"error": {"class", "desc"}} answer.
+type qmpError struct {
+	Class string `json:"class"`
+	Desc  string `json:"desc"`
+}
+
+func (e *qmpError) Error() string { return e.Class + ": " + e.Desc }
+
+// dialQMP connects to a QMP socket (retrying until QEMU has made it),
+// reads the greeting and enters command mode.
+func dialQMP(path string, timeout time.Duration) (*qmpClient, error) {
+	deadline := time.Now().Add(timeout)
+	var c net.Conn
+	for {
+		var err error
+		if c, err = net.Dial("unix", path); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("QMP %s: %w", path, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	q := &qmpClient{conn: c, dec: json.NewDecoder(c)}
+	_ = c.SetDeadline(deadline)
+	var greeting map[string]json.RawMessage
+	if err := q.dec.Decode(&greeting); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("QMP %s: greeting: %w", path, err)
+	}
+	if _, ok := greeting["QMP"]; !ok {
+		c.Close()
+		return nil, fmt.Errorf("QMP %s: not a QMP greeting: %v", path, greeting)
+	}
+	if _, err := q.execute("qmp_capabilities", nil, time.Until(deadline)); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return q, nil
+}
+
+// execute runs one command and returns its "return" value; an "error"
+// answer is a *qmpError. Events read before the answer are kept.
+func (q *qmpClient) execute(cmd string, args any, timeout time.Duration) (json.RawMessage, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	_ = q.conn.SetDeadline(time.Now().Add(timeout))
+	req := map[string]any{"execute": cmd}
+	if args != nil {
+		req["arguments"] = args
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := q.conn.Write(append(b, '\n')); err != nil {
+		return nil, fmt.Errorf("QMP %s: %w", cmd, err)
+	}
+	for {
+		var msg struct {
+			Return    json.RawMessage `json:"return"`
+			Error     *qmpError       `json:"error"`
+			Event     string          `json:"event"`
+			Data      json.RawMessage `json:"data"`
+			Timestamp struct {
+				Seconds      int64 `json:"seconds"`
+				Microseconds int64 `json:"microseconds"`
+			} `json:"timestamp"`
+		}
+		if err := q.dec.Decode(&msg); err != nil {
+			return nil, fmt.Errorf("QMP %s: %w", cmd, err)
+		}
+		switch {
+		case msg.Event != "":
+			at := time.Unix(msg.Timestamp.Seconds, msg.Timestamp.Microseconds*1000)
+			q.events = append(q.events, qmpEvent{Event: msg.Event, Data: msg.Data, At: at})
+		case msg.Error != nil:
+			return nil, fmt.Errorf("QMP %s: %w", cmd, msg.Error)
+		case msg.Return != nil:
+			return msg.Return, nil
+		}
+	}
+}
+
+func (q *qmpClient) close() { q.conn.Close() }
+
+// qmp returns the VM's QMP connection (made on first use).
+func (v *vm) qmp() *qmpClient {
+	v.t.Helper()
+	v.qmpOnce.Do(func() {
+		v.qmpc, v.qmpErr = dialQMP(v.qmpPath, qmpTimeout)
+		if v.qmpErr == nil {
+			v.t.Cleanup(v.qmpc.close)
+		}
+	})
+	if v.qmpErr != nil {
+		v.t.Fatalf("%s: %v", v.label(), v.qmpErr)
+	}
+	return v.qmpc
+}
+
+// qmpTry runs a QMP command and returns its error, if any.
+func (v *vm) qmpTry(cmd string, args any) (json.RawMessage, error) {
+	v.t.Helper()
+	return v.qmp().execute(cmd, args, qmpTimeout)
+}
+
+// qmpExec runs a QMP command; an error fails the test.
+func (v *vm) qmpExec(cmd string, args any) json.RawMessage {
+	v.t.Helper()
+	r, err := v.qmpTry(cmd, args)
+	if err != nil {
+		v.t.Fatalf("%s: %v", v.label(), err)
+	}
+	return r
+}
+
+// qmpQuit ends QEMU with the QMP quit command.
+func (v *vm) qmpQuit() {
+	v.t.Helper()
+	if _, err := v.qmpTry("quit", nil); err != nil && v.running() {
+		v.t.Fatalf("%s: %v", v.label(), err)
+	}
+}
+
+// events returns the QMP events read so far.
+func (v *vm) events() []qmpEvent {
+	q := v.qmp()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return append([]qmpEvent(nil), q.events...)
+}
+
+// runState is query-status's "status" (running, paused, postmigrate, inmigrate, ...).
+func (v *vm) runState() string {
+	v.t.Helper()
+	var st struct {
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(v.qmpExec("query-status", nil), &st); err != nil {
+		v.t.Fatal(err)
+	}
+	return st.Status
+}
+
+func (v *vm) label() string {
+	if v.name != "" {
+		return "QEMU " + v.name
+	}
+	return "QEMU"
+}
+
+// ---------------------------------------------------------------------------
+// Live migration (QEMU 10: two QEMUs, each with its own daemon, one started
+// with vmConfig.Incoming)
+
+// migrateOptions tune a migration; zero values take the defaults.
+type migrateOptions struct {
+	// DowntimeLimit is the pause QEMU may take to switch over. TCG guests
+	// under fio dirty memory fast: the default (2 s) lets them converge.
+	DowntimeLimit time.Duration
+	// MaxBandwidth caps the transfer, bytes/s (default 4 GiB/s: no cap over
+	// a unix socket; the cancel scenario sets it low to keep it running).
+	MaxBandwidth int64
+	// Timeout: polling query-migrate gives up (fails the test) after it
+	// (default 120 s).
+	Timeout time.Duration
+}
+
+const (
+	defaultDowntimeLimit    = 2 * time.Second
+	defaultMaxBandwidth     = 4 << 30
+	defaultMigrationTimeout = 120 * time.Second
+)
+
+// migrationInfo is the part of query-migrate the tests report.
+type migrationInfo struct {
+	Status    string
+	TotalTime time.Duration // from migrate to completion
+	Downtime  time.Duration // the guest's pause at switch-over
+	SetupTime time.Duration
+	ErrorDesc string
+	RAM       migrationRAM
+	Raw       string // the last query-migrate answer
+	// Timeline: both QEMUs' QMP events during the migration
+	// (migrationTimeline; set by migrate).
+	Timeline string
+}
+
+// migrationRAM is query-migrate's "ram" (sizes in bytes, counts in pages).
+type migrationRAM struct {
+	Transferred    int64   `json:"transferred"`
+	Total          int64   `json:"total"`
+	Duplicate      int64   `json:"duplicate"`
+	Normal         int64   `json:"normal"`
+	DirtySyncCount int64   `json:"dirty-sync-count"`
+	Mbps           float64 `json:"mbps"`
+}
+
+// String is an `info migrate`-style summary.
+func (m migrationInfo) String() string {
+	s := fmt.Sprintf("status %s, total time %d ms, downtime %d ms, setup %d ms, ram transferred %.1f MiB of %.0f MiB (%d normal + %d zero pages), %d dirty syncs, %.0f Mbps",
+		m.Status, m.TotalTime.Milliseconds(), m.Downtime.Milliseconds(), m.SetupTime.Milliseconds(),
+		float64(m.RAM.Transferred)/(1<<20), float64(m.RAM.Total)/(1<<20), m.RAM.Normal, m.RAM.Duplicate,
+		m.RAM.DirtySyncCount, m.RAM.Mbps)
+	if m.ErrorDesc != "" {
+		s += ", error: " + m.ErrorDesc
+	}
+	return s
+}
+
+// queryMigrate parses one query-migrate answer.
+func (v *vm) queryMigrate() migrationInfo {
+	v.t.Helper()
+	raw := v.qmpExec("query-migrate", nil)
+	var r struct {
+		Status    string       `json:"status"`
+		TotalTime int64        `json:"total-time"`
+		Downtime  int64        `json:"downtime"`
+		SetupTime int64        `json:"setup-time"`
+		ErrorDesc string       `json:"error-desc"`
+		RAM       migrationRAM `json:"ram"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil {
+		v.t.Fatalf("query-migrate: %v: %s", err, raw)
+	}
+	m := migrationInfo{Status: r.Status, TotalTime: time.Duration(r.TotalTime) * time.Millisecond,
+		Downtime: time.Duration(r.Downtime) * time.Millisecond, SetupTime: time.Duration(r.SetupTime) * time.Millisecond,
+		ErrorDesc: r.ErrorDesc, RAM: r.RAM, Raw: string(raw)}
+	return m
+}
+
+// prepareMigration turns the return-path capability on in both QEMUs (so a
+// destination that fails to load tells the source, which then resumes) and
+// the events capability (MIGRATION events: migrationTimeline), and sets the
+// source's downtime limit and bandwidth.
+func prepareMigration(src, dst *vm, o migrateOptions) {
+	caps := map[string]any{"capabilities": []map[string]any{
+		{"capability": "return-path", "state": true}, {"capability": "events", "state": true}}}
+	dst.qmpExec("migrate-set-capabilities", caps)
+	src.qmpExec("migrate-set-capabilities", caps)
+	src.setMigrationSpeed(o)
+}
+
+// setMigrationSpeed sets downtime-limit and max-bandwidth (also while a
+// migration runs).
+func (v *vm) setMigrationSpeed(o migrateOptions) {
+	v.t.Helper()
+	if o.DowntimeLimit == 0 {
+		o.DowntimeLimit = defaultDowntimeLimit
+	}
+	if o.MaxBandwidth == 0 {
+		o.MaxBandwidth = defaultMaxBandwidth
+	}
+	v.qmpExec("migrate-set-parameters", map[string]any{
+		"downtime-limit": o.DowntimeLimit.Milliseconds(), "max-bandwidth": o.MaxBandwidth})
+}
+
+// startMigration sends migrate to unix:uri; an error answer (e.g. a back
+// end without LOG_SHMFD: "Migration disabled: ...") is returned.
+func (v *vm) startMigration(uri string) error {
+	v.t.Helper()
+	_, err := v.qmpTry("migrate", map[string]any{"uri": "unix:" + uri})
+	return err
+}
+
+// waitMigration polls query-migrate until the status is completed, failed
+// or cancelled; it fails the test after timeout (default 120 s).
+func (v *vm) waitMigration(timeout time.Duration) migrationInfo {
+	v.t.Helper()
+	if timeout == 0 {
+		timeout = defaultMigrationTimeout
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		m := v.queryMigrate()
+		switch m.Status {
+		case "completed", "failed", "cancelled":
+			return m
+		}
+		if time.Now().After(deadline) {
+			v.t.Fatalf("migration still %q after %v: %s", m.Status, timeout, m)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// migrationTimeline lists the QMP events of both QEMUs since from (STOP,
+// RESUME, MIGRATION status changes, ...) in time order, as offsets from
+// from: where a migration's time and downtime went.
+func migrationTimeline(from time.Time, vms ...*vm) string {
+	type ev struct {
+		at   time.Time
+		what string
+	}
+	var evs []ev
+	for _, v := range vms {
+		for _, e := range v.events() {
+			if e.At.Before(from) {
+				continue
+			}
+			what := e.Event
+			if e.Event == "MIGRATION" {
+				var d struct {
+					Status string `json:"status"`
+				}
+				_ = json.Unmarshal(e.Data, &d)
+				what += "(" + d.Status + ")"
+			}
+			evs = append(evs, ev{e.At, v.name + ":" + what})
+		}
+	}
+	slices.SortStableFunc(evs, func(a, b ev) int { return a.at.Compare(b.at) })
+	parts := make([]string, len(evs))
+	for i, e := range evs {
+		parts[i] = fmt.Sprintf("%+dms %s", e.at.Sub(from).Milliseconds(), e.what)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// cancelMigration sends migrate_cancel.
+func (v *vm) cancelMigration() {
+	v.t.Helper()
+	v.qmpExec("migrate_cancel", nil)
+}
+
+// migrate moves src's guest to dst (a QEMU started with Incoming = uri):
+// prepareMigration, migrate, then waitMigration. A refused migrate command
+// comes back as status "refused" with the error in ErrorDesc.
+func migrate(src, dst *vm, uri string, o migrateOptions) migrationInfo {
+	src.t.Helper()
+	prepareMigration(src, dst, o)
+	start := time.Now()
+	if err := src.startMigration(uri); err != nil {
+		return migrationInfo{Status: "refused", ErrorDesc: err.Error()}
+	}
+	m := src.waitMigration(o.Timeout)
+	// Collect the destination's events (it may have exited: a failed load).
+	_, _ = dst.qmpTry("query-status", nil)
+	m.Timeline = migrationTimeline(start.Add(-time.Second), src, dst)
+	return m
+}
+
+// ---------------------------------------------------------------------------
+// QEMU trace logs (vmConfig.Trace)
+
+// qemuTraceEvent is one line of a QEMU trace log: with -msg timestamp=on
+// the log backend writes "PID@SEC.USEC:NAME ARGS".
+type qemuTraceEvent struct {
+	At         time.Time
+	Name, Args string
+}
+
+var reTraceLine = regexp.MustCompile(`^\d+@(\d+)\.(\d{6}):(\S+) ?(.*)$`)
+
+// readQEMUTrace parses a trace log; lines without a timestamp are skipped.
+func readQEMUTrace(t *testing.T, path string) []qemuTraceEvent {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []qemuTraceEvent
+	for _, l := range strings.Split(string(data), "\n") {
+		m := reTraceLine.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		sec, _ := strconv.ParseInt(m[1], 10, 64)
+		usec, _ := strconv.ParseInt(m[2], 10, 64)
+		out = append(out, qemuTraceEvent{At: time.Unix(sec, usec*1000), Name: m[3], Args: m[4]})
+	}
+	return out
+}
+
+// vhostRequestNames: vhost-user request ids (DESIGN.md §2).
+var vhostRequestNames = map[int]string{
+	1: "GET_FEATURES", 2: "SET_FEATURES", 3: "SET_OWNER", 4: "RESET_OWNER", 5: "SET_MEM_TABLE",
+	6: "SET_LOG_BASE", 7: "SET_LOG_FD", 8: "SET_VRING_NUM", 9: "SET_VRING_ADDR", 10: "SET_VRING_BASE",
+	11: "GET_VRING_BASE", 12: "SET_VRING_KICK", 13: "SET_VRING_CALL", 14: "SET_VRING_ERR",
+	15: "GET_PROTOCOL_FEATURES", 16: "SET_PROTOCOL_FEATURES", 17: "GET_QUEUE_NUM", 18: "SET_VRING_ENABLE",
+	21: "SET_BACKEND_REQ_FD", 24: "GET_CONFIG", 25: "SET_CONFIG", 31: "GET_INFLIGHT_FD", 32: "SET_INFLIGHT_FD",
+	34: "RESET_DEVICE", 36: "GET_MAX_MEM_SLOTS", 37: "ADD_MEM_REG", 38: "REM_MEM_REG", 39: "SET_STATUS",
+	40: "GET_STATUS", 42: "SET_DEVICE_STATE_FD", 43: "CHECK_DEVICE_STATE",
+}
+
+var reTraceReq = regexp.MustCompile(`req:(\d+)`)
+
+// vhostTraceNames turns the trace events in [from, to) (zero to: no end)
+// into the vhost-user requests QEMU wrote, in order, with the device's
+// start and stop, the VM's stop for migration and the vhost-user-fs
+// section's save and load marked in brackets.
+func vhostTraceNames(evs []qemuTraceEvent, from, to time.Time) []string {
+	var out []string
+	for _, e := range evs {
+		if e.At.Before(from) || (!to.IsZero() && !e.At.Before(to)) {
+			continue
+		}
+		switch {
+		case e.Name == "vhost_user_write":
+			if m := reTraceReq.FindStringSubmatch(e.Args); m != nil {
+				id, _ := strconv.Atoi(m[1])
+				name := vhostRequestNames[id]
+				if name == "" {
+					name = "REQ_" + m[1]
+				}
+				out = append(out, name)
+			}
+		case e.Name == "vhost_dev_start":
+			out = append(out, "[dev-start]")
+		case e.Name == "vhost_dev_stop":
+			out = append(out, "[dev-stop]")
+		case e.Name == "migration_completion_vm_stop":
+			out = append(out, "[vm-stopped]")
+		case e.Name == "vmstate_save" && strings.Contains(e.Args, "vhost-user-fs"):
+			out = append(out, "[save-fs]")
+		case e.Name == "qemu_loadvm_state_section_startfull" && strings.Contains(e.Args, "vhost-user-fs"):
+			out = append(out, "[load-fs]")
+		}
+	}
+	return out
+}
+
+// traceSpan is the time from the first event named first whose args
+// contain firstSub to the next event named last whose args contain lastSub
+// (both at or after from); 0 if either is absent.
+func traceSpan(evs []qemuTraceEvent, from time.Time, first, firstSub, last, lastSub string) time.Duration {
+	var start time.Time
+	for _, e := range evs {
+		if e.At.Before(from) {
+			continue
+		}
+		if start.IsZero() {
+			if e.Name == first && strings.Contains(e.Args, firstSub) {
+				start = e.At
+			}
+			continue
+		}
+		if e.Name == last && strings.Contains(e.Args, lastSub) {
+			return e.At.Sub(start)
+		}
+	}
+	return 0
+}
+
+// ---------------------------------------------------------------------------
+// The guest's console across QEMUs
+
+// guestConsole is one guest's serial console over the QEMUs that ran it in
+// turn: after a migration its output continues on the destination QEMU's
+// stdout, and the answers to e2e_ask go to the destination's stdin. A line
+// cut at the switch-over (the source's last line without its newline) is
+// joined to the destination's first.
+type guestConsole struct {
+	t   *testing.T
+	mu  sync.Mutex
+	vms []*vm
+}
+
+func newGuestConsole(t *testing.T, first *vm) *guestConsole {
+	return &guestConsole{t: t, vms: []*vm{first}}
+}
+
+// moveTo makes v (a migration's destination) the QEMU the guest now runs in.
+func (c *guestConsole) moveTo(v *vm) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.vms = append(c.vms, v)
+}
+
+// current is the QEMU the guest runs in.
+func (c *guestConsole) current() *vm {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.vms[len(c.vms)-1]
+}
+
+// lines returns the console lines of every QEMU in turn.
+func (c *guestConsole) lines() []string {
+	c.mu.Lock()
+	vms := append([]*vm(nil), c.vms...)
+	c.mu.Unlock()
+	var out []string
+	joinNext := false
+	for _, v := range vms {
+		v.mu.Lock()
+		ls, partial := append([]string(nil), v.lines...), v.partial
+		v.mu.Unlock()
+		if joinNext && len(ls) > 0 && len(out) > 0 {
+			out[len(out)-1] += ls[0]
+			ls = ls[1:]
+		}
+		out = append(out, ls...)
+		joinNext = partial
+	}
+	return out
+}
+
+// waitConsole waits until the n-th (1-based) line matching re appears on
+// the console so far; it fails the test if the current QEMU exits or the
+// timeout passes first.
+func (c *guestConsole) waitConsole(re *regexp.Regexp, n int, timeout time.Duration) string {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		v := c.current()
+		seen := 0
+		for _, l := range c.lines() {
+			if re.MatchString(l) {
+				if seen++; seen == n {
+					return l
+				}
+			}
+		}
+		if !v.running() {
+			time.Sleep(100 * time.Millisecond) // let the reader drain
+			if countMatches(c.lines(), re) >= n {
+				continue
+			}
+			if c.current() != v {
+				continue
+			}
+			c.t.Fatalf("%s exited (%v; timed out: %v) before console line #%d matching %q\n%s",
+				v.label(), v.waitErr, v.timedOut.Load(), n, re, lastLines(c.lines(), 25))
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("no console line #%d matching %q within %v\n%s", n, re, timeout, lastLines(c.lines(), 25))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// answer writes one line to the console of the QEMU the guest runs in.
+func (c *guestConsole) answer(s string) { c.current().answer(s) }
 
 // ---------------------------------------------------------------------------
 // Console markers (see guest-init.sh)

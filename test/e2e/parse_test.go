@@ -199,3 +199,66 @@ func TestBootCrashPatterns(t *testing.T) {
 		}
 	}
 }
+
+func TestCompactSequence(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"", ""},
+		{"A", "A"},
+		{"A A A B", "Ax3 B"},
+		{"A B C D B C D B C D E", "A (B C D)x3 E"},
+		{"SET_VRING_CALL SET_VRING_ERR SET_VRING_CALL SET_VRING_ERR", "(SET_VRING_CALL SET_VRING_ERR)x2"},
+		{"A B A C", "A B A C"},
+	} {
+		if got := compactSequence(strings.Fields(c.in)); got != c.want {
+			t.Errorf("compactSequence(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
+
+func TestParseMigReport(t *testing.T) {
+	lines := []string{
+		"E2E-MIG-CHECK read-0 ok",
+		"E2E-MIG-FIO pass=1 rc=0 phase=0 endphase=0 uptime=8.50",
+		"E2E-MIG-FIO pass=2 rc=1 phase=0 endphase=1 uptime=11.27",
+		"E2E-MIG-CHECK read-1 ok status=completed",
+		"E2E-MIG-CHECK read-1 fail status=completed",
+		"E2E-MIG-UNLINKED rc=1 out=dd:_standard_input:_Input/output_error",
+		"E2E-MIG-END appended=350 fio_passes=2 fio_failed=1 failed=1",
+	}
+	r := parseMigReport(lines)
+	if !reflect.DeepEqual(r.order, []string{"read-0", "read-1", "read-1#2"}) || r.checks["read-1"] != "ok status=completed" ||
+		r.checks["read-1#2"] != "fail status=completed" {
+		t.Errorf("checks: %v %v", r.order, r.checks)
+	}
+	if want := []migFioPass{{1, 0, 0, 0}, {2, 1, 0, 1}}; !reflect.DeepEqual(r.fio, want) {
+		t.Errorf("fio: %+v, want %+v", r.fio, want)
+	}
+	if len(r.ends) != 1 || r.ends[0]["appended"] != "350" || r.ends[0]["failed"] != "1" {
+		t.Errorf("ends: %v", r.ends)
+	}
+	if r.unlinked == nil || r.unlinked.rc != 1 || !strings.Contains(r.unlinked.out, "Input/output_error") {
+		t.Errorf("unlinked: %+v", r.unlinked)
+	}
+}
+
+func TestGuestConsoleJoin(t *testing.T) {
+	a := &vm{lines: []string{"E2E-BOOT kernel=k uptime=1", "E2E-MIG-FI"}, partial: true}
+	b := &vm{lines: []string{"O pass=1 rc=0 phase=0 endphase=1 uptime=2", "E2E-DONE action=poweroff uptime=3"}}
+	c := newGuestConsole(t, a)
+	c.moveTo(b)
+	want := []string{"E2E-BOOT kernel=k uptime=1", "E2E-MIG-FIO pass=1 rc=0 phase=0 endphase=1 uptime=2", "E2E-DONE action=poweroff uptime=3"}
+	if got := c.lines(); !reflect.DeepEqual(got, want) {
+		t.Errorf("lines:\n got %q\nwant %q", got, want)
+	}
+}
+
+func TestForeignNodeIDs(t *testing.T) {
+	req := func(op, node string) fuseRequest { return fuseRequest{Opcode: op, NodeID: node} }
+	src := []fuseRequest{req("INIT", "0"), req("LOOKUP", "1"), req("OPEN", "7"), req("READ", "7"), req("WRITE", "9")}
+	dst := []fuseRequest{req("READ", "7"), req("WRITE", "9"), req("GETATTR", "1"), req("WRITE", "12"), req("FLUSH", "12"),
+		req("INIT", "0"), req("READ", "44")} // after a new INIT: not judged
+	foreign, rw := foreignNodeIDs(src, dst)
+	if !reflect.DeepEqual(foreign, []string{"WRITE:12", "FLUSH:12"}) || !reflect.DeepEqual(rw, []string{"12", "7", "9"}) {
+		t.Errorf("foreignNodeIDs: foreign %v, read/write %v", foreign, rw)
+	}
+}

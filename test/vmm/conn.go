@@ -61,6 +61,12 @@ const (
 	AckAll
 	// AckNever never sets NEED_REPLY.
 	AckNever
+	// AckQEMU10 is AckQEMU plus SET_VRING_ENABLE, as QEMU >= 8.1 sends it
+	// ("vhost-user: call VHOST_USER_SET_VRING_ENABLE synchronously"; seen
+	// with QEMU 10.0.2): the front end kicks a ring only after the back end
+	// has enabled it. A back end that drops a kick arriving before its
+	// ENABLE (the Rust virtiofsd 1.13) needs it.
+	AckQEMU10
 )
 
 // ReplyError is a non-zero REPLY_ACK answer.
@@ -343,10 +349,12 @@ func (c *Conn) needsAck(req Request) bool {
 	switch c.Ack {
 	case AckAll:
 		return true
-	case AckQEMU:
+	case AckQEMU, AckQEMU10:
 		switch req {
 		case SetMemTable, AddMemReg, RemMemReg, SetBackendReqFd, SetStatus:
 			return true
+		case SetVringEnable:
+			return c.Ack == AckQEMU10
 		}
 	}
 	return false

@@ -1,9 +1,9 @@
-// Command bench runs the side-by-side benchmark of govirtiofsd and the
-// reference C virtiofsd through the in-repo test front end (see package
-// test/bench). It needs root (it mounts a tmpfs share; the reference
-// daemon's namespace sandbox needs it too).
+// Command bench runs the side-by-side benchmark of govirtiofsd, the
+// reference C virtiofsd and (with -rust) the Rust virtiofsd through the
+// in-repo test front end (see package test/bench). It needs root (it mounts
+// a tmpfs share; the other daemons' namespace sandboxes need it too).
 //
-//	go run ./test/bench/cmd -ours bin/govirtiofsd
+//	go run ./test/bench/cmd -ours bin/govirtiofsd -rust .cache/peers/bin/virtiofsd-rust
 package main
 
 import (
@@ -26,6 +26,7 @@ func main() {
 	o := bench.SuiteOptions{Out: os.Stdout, Progress: os.Stderr}
 	flag.StringVar(&o.OursBin, "ours", "bin/govirtiofsd", "govirtiofsd binary")
 	flag.StringVar(&o.RefBin, "ref", "/usr/lib/qemu/virtiofsd", "reference virtiofsd binary")
+	flag.StringVar(&o.RustBin, "rust", "", "the Rust virtiofsd (e.g. .cache/peers/bin/virtiofsd-rust from make test-deps); without it the rust-* configurations are left out")
 	flag.StringVar(&o.Share, "share", "", "share directory (default: a tmpfs mounted under the scratch dir)")
 	flag.DurationVar(&o.Warmup, "warmup", 400*time.Millisecond, "warm-up per run")
 	flag.DurationVar(&o.Duration, "duration", 1500*time.Millisecond, "measurement per run")
@@ -34,7 +35,7 @@ func main() {
 	fileMiB := flag.Uint64("file-mib", 256, "size of each of the 4 data files")
 	flag.IntVar(&o.Rounds, "rounds", 3, "rounds, configurations interleaved (the median is reported)")
 	workloads := flag.String("workloads", "", "substrings selecting workloads, separated by | (default all)")
-	configs := flag.String("configs", "", "comma-separated configuration names (default all: ours,ours-2q,ours-pool1,ours-pool0,ref-pool0,ref-pool2,ref-pool1)")
+	configs := flag.String("configs", "", "comma-separated configuration names (default all: ours,ours-2q,ours-pool1,ours-pool0,ref-pool0,ref-pool2,ref-pool1,rust-pool0,rust-pool2)")
 	flag.BoolVar(&o.RSS, "rss", true, "measure daemon memory")
 	flag.BoolVar(&o.Ceiling, "ceiling", true, "measure the machine's ceiling for the 1 MiB workloads (the daemon's system calls alone)")
 	flag.IntVar(&o.RSSDepth, "rss-depth", 64, "depth of the memory run")
@@ -73,6 +74,12 @@ func main() {
 		}
 	}
 	for _, c := range bench.DefaultConfigs() {
+		if c.Rust && o.RustBin == "" {
+			if *configs != "" && contains(strings.Split(*configs, ","), c.Name) {
+				fatal(fmt.Errorf("configuration %s needs -rust (make test-deps fetches the Rust virtiofsd)", c.Name))
+			}
+			continue
+		}
 		if *configs == "" || contains(strings.Split(*configs, ","), c.Name) {
 			o.Configs = append(o.Configs, c)
 		}
