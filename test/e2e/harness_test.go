@@ -370,7 +370,8 @@ func startDaemon(t *testing.T, kind daemonKind, sock, shared, logPath string, ex
 // fuseRequest is one `msg="fuse request"` line of our daemon's debug log.
 type fuseRequest struct {
 	Queue, Unique, Opcode, NodeID, Len string
-	Error                              int // 0 or a negative errno
+	Entry                              string // the node id the reply handed out (LOOKUP, CREATE...), if any
+	Error                              int    // 0 or a negative errno
 }
 
 // fuseRequests parses the daemon log; the reference daemon has none.
@@ -386,7 +387,8 @@ func (d *daemon) fuseRequests(t *testing.T) []fuseRequest {
 		if kv["msg"] != "fuse request" {
 			continue
 		}
-		r := fuseRequest{Queue: kv["queue"], Unique: kv["unique"], Opcode: kv["opcode"], NodeID: kv["nodeid"], Len: kv["len"]}
+		r := fuseRequest{Queue: kv["queue"], Unique: kv["unique"], Opcode: kv["opcode"], NodeID: kv["nodeid"], Len: kv["len"],
+			Entry: kv["entry"]}
 		if r.Error, err = strconv.Atoi(kv["error"]); err != nil {
 			t.Fatalf("daemon log: bad error= in %q", line)
 		}

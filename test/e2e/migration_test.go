@@ -23,7 +23,7 @@ import (
 // VHOST_USER_PROTOCOL_F_LOG_SHMFD feature"). GOVIRTIOFSD_E2E_MIGRATE_OURS=1
 // turns it on for one run. With it on, make e2e (and so make test) runs the
 // basic scenario ours→ours instead of Rust→Rust.
-const oursMigrates = false
+const oursMigrates = true
 
 // oursMigratesWithRust turns on the cross pairs (ours→Rust, Rust→ours),
 // which need our state format to be the Rust daemon's (DESIGN.md §10).
@@ -552,9 +552,9 @@ func grepLines(lines []string, sub string) []string {
 
 // checkNodeIDs: for every completed hop between two of our daemons, the
 // node ids the destination served before any new INIT (a remount or a
-// reboot starts a new session) must be ones the source served: the guest
-// kernel keeps the source's node ids for its open files and cached
-// inodes, and migrate.sh creates no file after migrating.
+// reboot starts a new session) must be ones the source served or handed
+// out, or the destination itself handed out first: the guest kernel keeps
+// the source's node ids for its open files and cached inodes.
 func (m *migEnv) checkNodeIDs() {
 	t := m.t
 	t.Helper()
@@ -576,20 +576,28 @@ func (m *migEnv) checkNodeIDs() {
 }
 
 // foreignNodeIDs returns the destination's requests (OPCODE:NODEID) before
-// its first INIT whose node id the source never served (0 and 1, the root,
-// always count as served), and the node ids of its READs and WRITEs there.
+// its first INIT whose node id neither the source served or handed out
+// (entry=, the id of a LOOKUP's or CREATE's reply) nor the destination
+// handed out before (0 and 1, the root, always count), and the node ids of
+// its READs and WRITEs there.
 func foreignNodeIDs(src, dst []fuseRequest) (foreign, readWrite []string) {
-	served := map[string]bool{"0": true, "1": true}
+	known := map[string]bool{"0": true, "1": true}
 	for _, r := range src {
-		served[r.NodeID] = true
+		known[r.NodeID] = true
+		if r.Entry != "" {
+			known[r.Entry] = true
+		}
 	}
 	rw := map[string]bool{}
 	for _, r := range dst {
 		if r.Opcode == "INIT" {
 			break
 		}
-		if !served[r.NodeID] {
+		if !known[r.NodeID] {
 			foreign = append(foreign, r.Opcode+":"+r.NodeID)
+		}
+		if r.Entry != "" {
+			known[r.Entry] = true // a new file made on the destination
 		}
 		if r.Opcode == "READ" || r.Opcode == "WRITE" {
 			rw[r.NodeID] = true

@@ -254,11 +254,15 @@ func TestGuestConsoleJoin(t *testing.T) {
 
 func TestForeignNodeIDs(t *testing.T) {
 	req := func(op, node string) fuseRequest { return fuseRequest{Opcode: op, NodeID: node} }
-	src := []fuseRequest{req("INIT", "0"), req("LOOKUP", "1"), req("OPEN", "7"), req("READ", "7"), req("WRITE", "9")}
+	entry := func(op, node, e string) fuseRequest { return fuseRequest{Opcode: op, NodeID: node, Entry: e} }
+	src := []fuseRequest{req("INIT", "0"), entry("LOOKUP", "1", "7"), req("OPEN", "7"), req("READ", "7"), req("WRITE", "9"),
+		entry("CREATE", "1", "20")}
 	dst := []fuseRequest{req("READ", "7"), req("WRITE", "9"), req("GETATTR", "1"), req("WRITE", "12"), req("FLUSH", "12"),
+		req("GETATTR", "20"),                           // handed out by the source's CREATE
+		entry("CREATE", "1", "30"), req("WRITE", "30"), // made on the destination
 		req("INIT", "0"), req("READ", "44")} // after a new INIT: not judged
 	foreign, rw := foreignNodeIDs(src, dst)
-	if !reflect.DeepEqual(foreign, []string{"WRITE:12", "FLUSH:12"}) || !reflect.DeepEqual(rw, []string{"12", "7", "9"}) {
+	if !reflect.DeepEqual(foreign, []string{"WRITE:12", "FLUSH:12"}) || !reflect.DeepEqual(rw, []string{"12", "30", "7", "9"}) {
 		t.Errorf("foreignNodeIDs: foreign %v, read/write %v", foreign, rw)
 	}
 }
