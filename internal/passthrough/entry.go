@@ -46,22 +46,29 @@ func statxFD(fd int, st *unix.Statx_t) syscall.Errno {
 	return sysStatx(fd, &emptyPath[0], unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW, statxMask, st)
 }
 
+// openBeneath2 opens path (one or more components) below dirfd as O_PATH
+// with openat2: no symlink followed, nothing outside dirfd reached. The
+// kernel answers EAGAIN when a rename raced the lookup: it is retried.
+func (f *FS) openBeneath2(dirfd int, path *byte) (int, syscall.Errno) {
+	how := unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveFlags}
+	for range 8 {
+		fd, e := sysOpenat2(dirfd, path, &how)
+		if e == unix.EAGAIN {
+			continue
+		}
+		if e == 0 {
+			f.inodeFDs.Add(1)
+		}
+		return fd, e
+	}
+	return -1, syscall.EAGAIN
+}
+
 // openChild opens one component below dir as O_PATH without following a
 // trailing symlink. name must have passed checkLookupName and must not be "..".
 func (f *FS) openChild(dirfd int, name *byte) (int, syscall.Errno) {
 	if f.openat2.Load() {
-		how := unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveFlags}
-		for range 8 {
-			fd, e := sysOpenat2(dirfd, name, &how)
-			if e == unix.EAGAIN {
-				continue
-			}
-			if e == 0 {
-				f.inodeFDs.Add(1)
-			}
-			return fd, e
-		}
-		return -1, syscall.EAGAIN
+		return f.openBeneath2(dirfd, name)
 	}
 	fd, e := sysOpenat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if e == 0 {

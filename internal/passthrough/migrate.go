@@ -157,18 +157,7 @@ func (f *FS) openBeneath(rel string) (int, syscall.Errno) {
 	p := make([]byte, len(rel)+1)
 	copy(p, rel)
 	if f.openat2.Load() {
-		how := unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveFlags}
-		for range 8 {
-			fd, e := sysOpenat2(f.root.fd, &p[0], &how)
-			if e == unix.EAGAIN {
-				continue
-			}
-			if e == 0 {
-				f.inodeFDs.Add(1)
-			}
-			return fd, e
-		}
-		return -1, syscall.EAGAIN
+		return f.openBeneath2(f.root.fd, &p[0])
 	}
 	// One component at a time: O_NOFOLLOW gives a symlink's own fd, below
 	// which the next component fails with ENOTDIR; ".." never occurs.
