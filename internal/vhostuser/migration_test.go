@@ -5,9 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -90,25 +88,7 @@ func startStateBackendStall(t *testing.T, st DeviceState, start bool, stall time
 		t.Fatal(err)
 	}
 	b.transferStall = stall
-	sock := filepath.Join(t.TempDir(), "vhost.sock")
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- b.ServeFirst(l) }()
-	d, err := vmm.Connect(sock, migrationOptions())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		d.Close()
-		select {
-		case <-served:
-		case <-time.After(10 * time.Second):
-			t.Error("back end still serving 10 s after the front end left")
-		}
-	})
+	d := serveOne(t, b, func(sock string) (*vmm.Device, error) { return vmm.Connect(sock, migrationOptions()) })
 	if err := d.Init(); err != nil {
 		t.Fatal(err)
 	}

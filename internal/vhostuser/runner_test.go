@@ -229,6 +229,15 @@ func startProbeRings(t *testing.T, rings, workers, cpus int) (*probe, *vmm.Devic
 	if err != nil {
 		t.Fatal(err)
 	}
+	opts := vmm.DefaultOptions()
+	opts.Queues = 1 + rings
+	return p, serveOne(t, b, func(sock string) (*vmm.Device, error) { return vmm.Start(sock, opts) })
+}
+
+// serveOne serves b on a fresh socket and connects a device to it with
+// connect; at the test's end the device goes and b must stop serving.
+func serveOne(t *testing.T, b *Backend, connect func(sock string) (*vmm.Device, error)) *vmm.Device {
+	t.Helper()
 	sock := filepath.Join(t.TempDir(), "vhost.sock")
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
 	if err != nil {
@@ -236,9 +245,7 @@ func startProbeRings(t *testing.T, rings, workers, cpus int) (*probe, *vmm.Devic
 	}
 	served := make(chan error, 1)
 	go func() { served <- b.ServeFirst(l) }()
-	opts := vmm.DefaultOptions()
-	opts.Queues = 1 + rings
-	d, err := vmm.Start(sock, opts)
+	d, err := connect(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +257,7 @@ func startProbeRings(t *testing.T, rings, workers, cpus int) (*probe, *vmm.Devic
 			t.Error("back end still serving 10 s after the front end left")
 		}
 	})
-	return p, d
+	return d
 }
 
 // submit publishes the requests on ring 1 in one batch and waits for all.
