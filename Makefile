@@ -81,13 +81,14 @@ unit:
 # integration-sandbox: the integration suite against the static daemon in
 # the default sandbox (namespace, seccomp kill: a system call outside the
 # allowlist fails the test that made it), the sandbox tests (host-side
-# checks, seccomp kill and log, an unprivileged user), then the escape and
-# CVE tests again in the chroot sandbox (make unit runs them with
-# --sandbox none).
+# checks, seccomp kill and log, an unprivileged user), then the escape,
+# CVE and migration tests again in the chroot sandbox (make unit runs them
+# with --sandbox none): a migrated inode's path comes from /proc/self/fd,
+# which each mode sees differently.
 integration-sandbox: deps build
 	GOVIRTIOFSD_INTEGRATION_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./test/integration/
 	GOVIRTIOFSD_INTEGRATION_BIN=$(CURDIR)/$(BIN) GOVIRTIOFSD_INTEGRATION_SANDBOX=chroot \
-		$(GO) test -count=1 -timeout 10m -run '^(TestEscape|TestCVE|TestForgetAbuse|TestStaleIDs)' ./test/integration/
+		$(GO) test -count=1 -timeout 10m -run '^(TestEscape|TestCVE|TestForgetAbuse|TestStaleIDs|TestMigration)' ./test/integration/
 
 e2e: deps test-deps build
 	GOVIRTIOFSD_E2E=1 GOVIRTIOFSD_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -timeout 20m ./test/e2e/
