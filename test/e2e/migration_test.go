@@ -871,7 +871,17 @@ func scenarioMigrateCancel(m *migEnv) {
 	src.v.cancelMigration()
 	info := src.v.waitMigration(0)
 	m.logMigration(dst, start, info)
-	m.requireStatus(info, "cancelled")
+	if info.Status == "failed" && strings.Contains(info.ErrorDesc, "Channel error") {
+		// migrate_cancel shuts the channel down; when the migration
+		// thread is inside a RAM write then, QEMU 10 reports the
+		// cancel as a failure ("failed to save SaveStateEntry ...
+		// (ram): -5", "Channel error: Input/output error"). What this
+		// scenario is about comes next: the source runs on, logging
+		// off, the guest goes on.
+		t.Logf("QEMU reported the cancel as a failed migration: %s", info.ErrorDesc)
+	} else {
+		m.requireStatus(info, "cancelled")
+	}
 	m.requireRunning(src)
 	m.failedDestination(dst)
 	m.con.answer("cancelled")
