@@ -15,6 +15,15 @@ import (
 // and removals lock one of tableShards shards, chosen by the caller's hint
 // (slot index % tableShards == shard), so no single mutex is shared by every
 // operation.
+//
+// A migration restores ids this daemon did not issue (the Rust virtiofsd's
+// counters, whose handle ids start at 0; or two ids with one index, after
+// ours → Rust → ours). Those whose slot is taken or out of reach go to the
+// overflow map instead. It is only ever filled by restore, so it is empty
+// unless a migration brought such ids, and costs the lookup of an id held
+// in a slot nothing: get consults it only after the slot missed, behind
+// one predictable branch on nover. insert never hands out an id the map
+// holds.
 type slotTable[T any, P interface {
 	*T
 	tableID() uint64
@@ -24,6 +33,10 @@ type slotTable[T any, P interface {
 	shards [tableShards]tableShard
 	grow   sync.Mutex // serialises chunk creation
 	count  atomic.Int64
+
+	nover atomic.Int64 // entries in over
+	omu   sync.RWMutex // guards over
+	over  map[uint64]P
 }
 
 const (
@@ -49,19 +62,29 @@ type tableShard struct {
 
 // get returns the object for id, or nil.
 func (t *slotTable[T, P]) get(id uint64) P {
-	idx := uint32(id)
-	if idx >= maxSlots {
+	if idx := uint32(id); idx < maxSlots {
+		if ch := t.chunks[idx>>chunkBits].Load(); ch != nil {
+			if p := P(ch[idx&(chunkSize-1)].p.Load()); p != nil && p.tableID() == id {
+				return p
+			}
+		}
+	}
+	if t.nover.Load() == 0 {
 		return nil
 	}
-	ch := t.chunks[idx>>chunkBits].Load()
-	if ch == nil {
-		return nil
-	}
-	p := P(ch[idx&(chunkSize-1)].p.Load())
-	if p == nil || p.tableID() != id {
-		return nil
-	}
-	return p
+	return t.overGet(id)
+}
+
+func (t *slotTable[T, P]) overGet(id uint64) P {
+	t.omu.RLock()
+	defer t.omu.RUnlock()
+	return t.over[id]
+}
+
+// overHas reports whether the overflow map holds id; the caller holds no
+// table lock but may hold a shard's.
+func (t *slotTable[T, P]) overHas(id uint64) bool {
+	return t.nover.Load() != 0 && t.overGet(id) != nil
 }
 
 func (t *slotTable[T, P]) slotFor(idx uint32) *slot[T] {
@@ -105,9 +128,13 @@ func (t *slotTable[T, P]) insert(hint uint32, obj P) bool {
 			break
 		}
 	}
-	sl.gen++
-	if sl.gen == 0 {
-		sl.gen = 1
+	// A restored id in the overflow map may share this index: skip
+	// its generation.
+	for {
+		sl.gen++
+		if sl.gen != 0 && !t.overHas(uint64(sl.gen)<<32|uint64(idx)) {
+			break
+		}
 	}
 	obj.setTableID(uint64(sl.gen)<<32 | uint64(idx))
 	sl.p.Store((*T)(obj))
@@ -150,6 +177,44 @@ func (t *slotTable[T, P]) insertAt(id uint64, obj P) bool {
 	return true
 }
 
+// restore stores obj under exactly id (a migrated id the guest holds, not
+// yet in the table): in its slot when the slot is free and its index below
+// limit, else in the overflow map. limit keeps the free lists insertAt
+// grows in proportion to what is restored, not to the largest id a state
+// names. It reports whether id went to the overflow map.
+func (t *slotTable[T, P]) restore(id uint64, obj P, limit uint32) (overflowed bool) {
+	if uint32(id) < limit && t.insertAt(id, obj) {
+		return false
+	}
+	obj.setTableID(id)
+	t.omu.Lock()
+	if t.over == nil {
+		t.over = make(map[uint64]P)
+	}
+	t.over[id] = obj
+	t.nover.Store(int64(len(t.over)))
+	t.omu.Unlock()
+	t.count.Add(1)
+	return true
+}
+
+// overRemove drops id from the overflow map and reports whether it was
+// there.
+func (t *slotTable[T, P]) overRemove(id uint64) bool {
+	if t.nover.Load() == 0 {
+		return false
+	}
+	t.omu.Lock()
+	defer t.omu.Unlock()
+	if _, ok := t.over[id]; !ok {
+		return false
+	}
+	delete(t.over, id)
+	t.nover.Store(int64(len(t.over)))
+	t.count.Add(-1)
+	return true
+}
+
 // each calls fn on every object in the table. It takes no lock: objects
 // inserted or removed meanwhile may or may not be seen, and fn gets no
 // reference (use tryRef).
@@ -165,13 +230,25 @@ func (t *slotTable[T, P]) each(fn func(P)) {
 			}
 		}
 	}
+	if t.nover.Load() == 0 {
+		return
+	}
+	t.omu.RLock()
+	over := make([]P, 0, len(t.over))
+	for _, p := range t.over {
+		over = append(over, p)
+	}
+	t.omu.RUnlock()
+	for _, p := range over {
+		fn(p)
+	}
 }
 
 // remove drops id from the table and reports whether it was present.
 func (t *slotTable[T, P]) remove(id uint64) bool {
 	idx := uint32(id)
 	if idx >= maxSlots || t.chunks[idx>>chunkBits].Load() == nil {
-		return false
+		return t.overRemove(id)
 	}
 	s := &t.shards[idx%tableShards]
 	s.mu.Lock()
@@ -179,7 +256,7 @@ func (t *slotTable[T, P]) remove(id uint64) bool {
 	p := P(sl.p.Load())
 	if p == nil || p.tableID() != id {
 		s.mu.Unlock()
-		return false
+		return t.overRemove(id)
 	}
 	sl.p.Store(nil)
 	s.free = append(s.free, idx)
@@ -205,6 +282,16 @@ func (t *slotTable[T, P]) drain(fn func(P)) {
 			}
 		}
 		s.mu.Unlock()
+	}
+	if t.nover.Load() != 0 {
+		t.omu.Lock()
+		for id, p := range t.over {
+			got = append(got, p)
+			delete(t.over, id)
+			t.count.Add(-1)
+		}
+		t.nover.Store(0)
+		t.omu.Unlock()
 	}
 	for _, p := range got {
 		fn(p)
