@@ -127,6 +127,30 @@ func (v *Vec) Seek(pos int) error {
 	return nil
 }
 
+// Truncate keeps only the first n bytes (the cursor must not be past
+// them): the FUSE decoder cuts a request's extensions off its arguments.
+func (v *Vec) Truncate(n int) error {
+	if n < 0 || n > v.total || n < v.pos {
+		return ErrShort
+	}
+	keep, cum := 0, 0
+	for ; keep < len(v.segs) && cum < n; keep++ {
+		l := int(v.segs[keep].Len)
+		if cum+l > n {
+			l = n - cum
+			v.segs[keep].Len = uint32(l)
+			if v.segs[keep].Buf != nil {
+				v.segs[keep].Buf = v.segs[keep].Buf[:l]
+			}
+		}
+		cum += l
+	}
+	clear(v.segs[keep:]) // drop references to guest memory
+	v.segs = v.segs[:keep]
+	v.total = n
+	return nil
+}
+
 func (v *Vec) advance(n int) {
 	v.pos += n
 	for n > 0 {

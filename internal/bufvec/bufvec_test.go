@@ -477,3 +477,49 @@ func TestAppendAfterConsumed(t *testing.T) {
 		t.Fatalf("read after append: %q %v", b, err)
 	}
 }
+
+// Truncate keeps the first n bytes, across and within segments, mapped or
+// not; it refuses to cut behind the cursor or beyond the end.
+func TestTruncate(t *testing.T) {
+	for _, n := range []int{0, 1, 3, 4, 7, 8, 11, 12} {
+		f := newFixture(t, 8, 3, -4, 5)
+		want, _ := f.flat()
+		v := f.v
+		if err := v.Truncate(n); err != nil {
+			t.Fatalf("Truncate(%d): %v", n, err)
+		}
+		if v.Size() != n || v.Len() != n {
+			t.Fatalf("Truncate(%d): size %d len %d", n, v.Size(), v.Len())
+		}
+		sum := 0
+		for _, s := range v.Segments() {
+			if s.Len == 0 || (s.Buf != nil && len(s.Buf) != int(s.Len)) {
+				t.Fatalf("Truncate(%d): segment %+v", n, s)
+			}
+			sum += int(s.Len)
+		}
+		if sum != n {
+			t.Fatalf("Truncate(%d): segments hold %d", n, sum)
+		}
+		// The mapped bytes kept are the first n.
+		if n <= 3 {
+			got := make([]byte, n)
+			if err := v.ReadFull(got); err != nil || !bytes.Equal(got, want[:n]) {
+				t.Fatalf("Truncate(%d): read %x %v, want %x", n, got, err, want[:n])
+			}
+		}
+		if v.Skip(v.Len()) != nil || v.Skip(1) == nil {
+			t.Fatalf("Truncate(%d): cursor walks past the end", n)
+		}
+	}
+	f := newFixture(t, 8, 3, 4, 5)
+	f.v.Skip(5)
+	for _, n := range []int{-1, 4, 13} {
+		if err := f.v.Truncate(n); !errors.Is(err, ErrShort) {
+			t.Fatalf("Truncate(%d) at 5: %v", n, err)
+		}
+	}
+	if err := f.v.Truncate(5); err != nil || f.v.Len() != 0 {
+		t.Fatalf("Truncate at the cursor: %v, len %d", err, f.v.Len())
+	}
+}

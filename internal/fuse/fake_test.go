@@ -113,18 +113,18 @@ func (f *fakeFS) Readlink(h *gofuse.InHeader, buf []byte) (int, syscall.Errno) {
 	f.record("Readlink", *h, nil, uint64(len(buf)))
 	return copy(buf, f.link), f.errno
 }
-func (f *fakeFS) Symlink(h *gofuse.InHeader, target, name []byte, out *gofuse.EntryOut) syscall.Errno {
-	f.record("Symlink", *h, strs(target, name))
+func (f *fakeFS) Symlink(h *gofuse.InHeader, group uint32, target, name []byte, out *gofuse.EntryOut) syscall.Errno {
+	f.record("Symlink", *h, strs(target, name), uint64(group))
 	*out = f.entry
 	return f.errno
 }
-func (f *fakeFS) Mknod(in *gofuse.MknodIn, name []byte, out *gofuse.EntryOut) syscall.Errno {
-	f.record("Mknod", *in, strs(name))
+func (f *fakeFS) Mknod(in *gofuse.MknodIn, group uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
+	f.record("Mknod", *in, strs(name), uint64(group))
 	*out = f.entry
 	return f.errno
 }
-func (f *fakeFS) Mkdir(in *gofuse.MkdirIn, name []byte, out *gofuse.EntryOut) syscall.Errno {
-	f.record("Mkdir", *in, strs(name))
+func (f *fakeFS) Mkdir(in *gofuse.MkdirIn, group uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
+	f.record("Mkdir", *in, strs(name), uint64(group))
 	*out = f.entry
 	return f.errno
 }
@@ -150,13 +150,13 @@ func (f *fakeFS) Open(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno {
 	*out = f.open
 	return f.errno
 }
-func (f *fakeFS) Create(in *gofuse.CreateIn, name []byte, out *gofuse.CreateOut) syscall.Errno {
-	f.record("Create", *in, strs(name))
+func (f *fakeFS) Create(in *gofuse.CreateIn, group uint32, name []byte, out *gofuse.CreateOut) syscall.Errno {
+	f.record("Create", *in, strs(name), uint64(group))
 	out.EntryOut, out.OpenOut = f.entry, f.open
 	return f.errno
 }
-func (f *fakeFS) Tmpfile(in *gofuse.CreateIn, out *gofuse.CreateOut) syscall.Errno {
-	f.record("Tmpfile", *in, nil)
+func (f *fakeFS) Tmpfile(in *gofuse.CreateIn, group uint32, out *gofuse.CreateOut) syscall.Errno {
+	f.record("Tmpfile", *in, nil, uint64(group))
 	out.EntryOut, out.OpenOut = f.entry, f.open
 	return f.errno
 }

@@ -23,6 +23,12 @@ import (
 // guest's memory, which the guest could change between a check and its use)
 // and must not be retained after the call returns.
 //
+// The methods that create an object (Symlink, Mknod, Mkdir, Create,
+// Tmpfile) also get group: the caller's supplementary group that the guest
+// sent with the request (FUSE_EXT_GROUPS, with CAP_CREATE_SUPP_GROUP
+// negotiated) because the caller may create in the parent directory only
+// through it; NoGroup when none came.
+//
 // Methods are called concurrently from several queues.
 type FileSystem interface {
 	// Capabilities returns the gofuse.CAP_* bits (flags|flags2<<32) the
@@ -47,9 +53,9 @@ type FileSystem interface {
 	// Readlink writes the target into buf (PATH_MAX bytes) and returns
 	// its length.
 	Readlink(h *gofuse.InHeader, buf []byte) (int, syscall.Errno)
-	Symlink(h *gofuse.InHeader, target, name []byte, out *gofuse.EntryOut) syscall.Errno
-	Mknod(in *gofuse.MknodIn, name []byte, out *gofuse.EntryOut) syscall.Errno
-	Mkdir(in *gofuse.MkdirIn, name []byte, out *gofuse.EntryOut) syscall.Errno
+	Symlink(h *gofuse.InHeader, group uint32, target, name []byte, out *gofuse.EntryOut) syscall.Errno
+	Mknod(in *gofuse.MknodIn, group uint32, name []byte, out *gofuse.EntryOut) syscall.Errno
+	Mkdir(in *gofuse.MkdirIn, group uint32, name []byte, out *gofuse.EntryOut) syscall.Errno
 	Unlink(h *gofuse.InHeader, name []byte) syscall.Errno
 	Rmdir(h *gofuse.InHeader, name []byte) syscall.Errno
 	// Rename moves h.NodeId/oldName to newDir/newName; flags are
@@ -58,9 +64,9 @@ type FileSystem interface {
 	Link(in *gofuse.LinkIn, name []byte, out *gofuse.EntryOut) syscall.Errno
 
 	Open(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno
-	Create(in *gofuse.CreateIn, name []byte, out *gofuse.CreateOut) syscall.Errno
+	Create(in *gofuse.CreateIn, group uint32, name []byte, out *gofuse.CreateOut) syscall.Errno
 	// Tmpfile creates an unnamed file in directory in.NodeId.
-	Tmpfile(in *gofuse.CreateIn, out *gofuse.CreateOut) syscall.Errno
+	Tmpfile(in *gofuse.CreateIn, group uint32, out *gofuse.CreateOut) syscall.Errno
 	// Read reads up to in.Size bytes at in.Offset straight into dst (one
 	// preadv of guest memory) and returns the byte count. The server
 	// clamps in.Size to dst.Len(), the room after the reply header.
@@ -112,3 +118,7 @@ type FileSystem interface {
 	GetLk(in *gofuse.LkIn, out *gofuse.LkOut) syscall.Errno
 	SetLk(in *gofuse.LkIn, wait bool) syscall.Errno
 }
+
+// NoGroup is the group argument of a creation request that carried no
+// supplementary group ((gid_t)-1, never a valid group).
+const NoGroup = ^uint32(0)

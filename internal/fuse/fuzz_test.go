@@ -18,6 +18,11 @@ func FuzzServe(f *testing.F) {
 	f.Add([]byte{1, 2, 3}, uint16(16), uint8(1), uint8(1), true, true)
 	for i, tc := range opCases() {
 		req := mkreq(tc.op, uint64(i), tc.args, tc.names, tc.raw)
+		if tc.ext != nil {
+			// Seeds with request extensions (supplementary groups,
+			// malformed areas).
+			req = withExt(req, tc.ext)
+		}
 		f.Add(req, uint16(4096), uint8(i%9), uint8(i%5), true, true)
 	}
 	f.Fuzz(func(t *testing.T, req []byte, outSize uint16, inK, outK uint8, session, fixLen bool) {

@@ -18,9 +18,11 @@ const serverCaps = gofuse.CAP_ASYNC_READ | gofuse.CAP_BIG_WRITES | gofuse.CAP_MA
 // allowedCaps are the capabilities of protocol 7.38 the server can handle at
 // all. Left out: the splice bits (meaningless here), IOCTL_DIR (IOCTL is
 // ENOSYS), MAP_ALIGNMENT and HAS_INODE_DAX (no DAX window), bit 31
-// (reserved), and SECURITY_CTX and CREATE_SUPP_GROUP, which make the guest
-// append extensions (total_extlen) that the server does not parse.
-const allowedCaps = flagsBits&^deniedCaps | gofuse.CAP_HAS_EXPIRE_ONLY | gofuse.CAP_DIRECT_IO_ALLOW_MMAP
+// (reserved), and SECURITY_CTX, whose request extension (a security
+// context to create with) the server does not parse. CREATE_SUPP_GROUP's
+// extension is parsed (ext.go) and handed to the file system.
+const allowedCaps = flagsBits&^deniedCaps | gofuse.CAP_HAS_EXPIRE_ONLY | gofuse.CAP_DIRECT_IO_ALLOW_MMAP |
+	gofuse.CAP_CREATE_SUPP_GROUP
 
 const (
 	flagsBits  = uint64(1)<<31 - 1

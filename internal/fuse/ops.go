@@ -186,7 +186,7 @@ func (q *Queue) doSymlink(in, out *bufvec.Vec) (int, syscall.Errno) {
 		return 0, syscall.EINVAL
 	}
 	q.o.entry = gofuse.EntryOut{}
-	return q.entryReply(q.s.fs.Symlink(&q.h, target, name, &q.o.entry))
+	return q.entryReply(q.s.fs.Symlink(&q.h, q.group, target, name, &q.o.entry))
 }
 
 func (q *Queue) doMknod(in, out *bufvec.Vec) (int, syscall.Errno) {
@@ -202,7 +202,7 @@ func (q *Queue) doMknod(in, out *bufvec.Vec) (int, syscall.Errno) {
 		return 0, syscall.EINVAL
 	}
 	q.o.entry = gofuse.EntryOut{}
-	return q.entryReply(q.s.fs.Mknod(a, name, &q.o.entry))
+	return q.entryReply(q.s.fs.Mknod(a, q.group, name, &q.o.entry))
 }
 
 func (q *Queue) doMkdir(in, out *bufvec.Vec) (int, syscall.Errno) {
@@ -218,7 +218,7 @@ func (q *Queue) doMkdir(in, out *bufvec.Vec) (int, syscall.Errno) {
 		return 0, syscall.EINVAL
 	}
 	q.o.entry = gofuse.EntryOut{}
-	return q.entryReply(q.s.fs.Mkdir(a, name, &q.o.entry))
+	return q.entryReply(q.s.fs.Mkdir(a, q.group, name, &q.o.entry))
 }
 
 func (q *Queue) doUnlink(in *bufvec.Vec) (int, syscall.Errno) {
@@ -310,9 +310,9 @@ func (q *Queue) doCreate(in, out *bufvec.Vec) (int, syscall.Errno) {
 	q.o.create = gofuse.CreateOut{}
 	var errno syscall.Errno
 	if tmpfile {
-		errno = q.s.fs.Tmpfile(a, &q.o.create)
+		errno = q.s.fs.Tmpfile(a, q.group, &q.o.create)
 	} else {
-		errno = q.s.fs.Create(a, name, &q.o.create)
+		errno = q.s.fs.Create(a, q.group, name, &q.o.create)
 	}
 	if errno != 0 {
 		return 0, errno

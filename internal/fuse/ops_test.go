@@ -20,6 +20,7 @@ type opCase struct {
 	args    []byte   // fixed argument bytes
 	names   []string // NUL-terminated names after the arguments
 	raw     []byte   // bytes after the names
+	ext     []byte   // the extension area (total_extlen*8 bytes) after raw
 	outSize int      // writable room (0: 16 + len(payload))
 	noReply bool
 	errno   int32
@@ -161,9 +162,38 @@ func opCases() []opCase {
 		{name: "READLINK", op: OpReadlink, outSize: 16 + 4095, calls: withArgs(call("Readlink", nil), maxLink),
 			payload: func(f *fakeFS) []byte { return f.link }},
 		{name: "SYMLINK", op: OpSymlink, names: []string{"newname", "the/target"},
-			calls: call("Symlink", nil, "the/target", "newname"), payload: entry},
-		{name: "MKNOD", op: OpMknod, args: argBytes(mknod, 16), names: []string{"fifo"}, calls: call("Mknod", mknod, "fifo"), payload: entry},
-		{name: "MKDIR", op: OpMkdir, args: argBytes(mkdir, 8), names: []string{"dir"}, calls: call("Mkdir", mkdir, "dir"), payload: entry},
+			calls: withArgs(call("Symlink", nil, "the/target", "newname"), noGroup), payload: entry},
+		{name: "MKNOD", op: OpMknod, args: argBytes(mknod, 16), names: []string{"fifo"}, calls: withArgs(call("Mknod", mknod, "fifo"), noGroup), payload: entry},
+		{name: "MKDIR", op: OpMkdir, args: argBytes(mkdir, 8), names: []string{"dir"}, calls: withArgs(call("Mkdir", mkdir, "dir"), noGroup), payload: entry},
+		// CREATE_SUPP_GROUP: the group reaches the file system, the
+		// extension area is not part of the names.
+		{name: "SYMLINK with a group", op: OpSymlink, names: []string{"newname", "the/target"}, ext: groupsExt(1, 4242),
+			calls: withArgs(call("Symlink", nil, "the/target", "newname"), 4242), payload: entry},
+		{name: "MKNOD with a group", op: OpMknod, args: argBytes(mknod, 16), names: []string{"fifo"}, ext: groupsExt(1, 7),
+			calls: withArgs(call("Mknod", mknod, "fifo"), 7), payload: entry},
+		{name: "MKDIR with a group", op: OpMkdir, args: argBytes(mkdir, 8), names: []string{"dir"}, ext: groupsExt(1, 0),
+			calls: withArgs(call("Mkdir", mkdir, "dir"), 0), payload: entry},
+		{name: "CREATE with a group", op: OpCreate, args: argBytes(createIn, 16), names: []string{"new"}, ext: groupsExt(1, 100),
+			calls: withArgs(call("Create", createIn, "new"), 100), payload: create},
+		{name: "TMPFILE with a group", op: OpTmpfile, args: argBytes(createIn, 16), ext: groupsExt(1, 100),
+			calls: withArgs(call("Tmpfile", createIn), 100), payload: create},
+		{name: "LOOKUP with a group", op: OpLookup, names: []string{"hello"}, ext: groupsExt(1, 5),
+			calls: call("Lookup", nil, "hello"), payload: entry},
+		{name: "MKDIR two groups", op: OpMkdir, args: argBytes(mkdir, 8), names: []string{"dir"}, ext: groupsExt(2, 7, 8),
+			outSize: 16 + entryOutSize, errno: -int32(syscall.EINVAL)},
+		{name: "MKDIR groups twice", op: OpMkdir, args: argBytes(mkdir, 8), names: []string{"dir"},
+			ext: append(groupsExt(1, 7), groupsExt(1, 8)...), outSize: 16 + entryOutSize, errno: -int32(syscall.EINVAL)},
+		{name: "MKDIR group -1", op: OpMkdir, args: argBytes(mkdir, 8), names: []string{"dir"}, ext: groupsExt(1, NoGroup),
+			outSize: 16 + entryOutSize, errno: -int32(syscall.EINVAL)},
+		{name: "MKDIR security context", op: OpMkdir, args: argBytes(mkdir, 8), names: []string{"dir"},
+			ext: extRec(1, []byte("12345678security.selinux\x00")), outSize: 16 + entryOutSize, errno: -int32(syscall.EINVAL)},
+		{name: "MKDIR extension size 0", op: OpMkdir, args: argBytes(mkdir, 8), names: []string{"dir"},
+			ext: make([]byte, 8), outSize: 16 + entryOutSize, errno: -int32(syscall.EINVAL)},
+		{name: "MKDIR extension size odd", op: OpMkdir, args: argBytes(mkdir, 8), names: []string{"dir"},
+			ext: setSize(groupsExt(1, 7), 12), outSize: 16 + entryOutSize, errno: -int32(syscall.EINVAL)},
+		{name: "MKDIR extension beyond its area", op: OpMkdir, args: argBytes(mkdir, 8), names: []string{"dir"},
+			ext: setSize(groupsExt(1, 7), 24), outSize: 16 + entryOutSize, errno: -int32(syscall.EINVAL)},
+		{name: "FORGET bad extension", op: OpForget, args: argBytes(gofuse.ForgetIn{Nlookup: 3}, 8), ext: make([]byte, 8), noReply: true},
 		{name: "UNLINK", op: OpUnlink, names: []string{"f"}, calls: call("Unlink", nil, "f")},
 		{name: "RMDIR", op: OpRmdir, names: []string{"d"}, calls: call("Rmdir", nil, "d")},
 		{name: "RENAME", op: OpRename, args: argBytes(gofuse.RenameIn{Newdir: 9}, 8), names: []string{"old", "new"},
@@ -173,9 +203,12 @@ func opCases() []opCase {
 		{name: "LINK", op: OpLink, args: argBytes(link, 8), names: []string{"hard"}, calls: call("Link", link, "hard"), payload: entry},
 		{name: "OPEN", op: OpOpen, args: argBytes(openIn, 8), calls: call("Open", openIn), payload: open},
 		{name: "OPENDIR", op: OpOpendir, args: argBytes(opendirIn, 8), calls: call("OpenDir", opendirIn), payload: open},
-		{name: "CREATE", op: OpCreate, args: argBytes(createIn, 16), names: []string{"new"}, calls: call("Create", createIn, "new"), payload: create},
-		{name: "TMPFILE", op: OpTmpfile, args: argBytes(createIn, 16), names: []string{"/"}, calls: call("Tmpfile", createIn), payload: create},
-		{name: "TMPFILE without name", op: OpTmpfile, args: argBytes(createIn, 16), calls: call("Tmpfile", createIn), payload: create},
+		{name: "CREATE", op: OpCreate, args: argBytes(createIn, 16), names: []string{"new"},
+			calls: withArgs(call("Create", createIn, "new"), noGroup), payload: create},
+		{name: "TMPFILE", op: OpTmpfile, args: argBytes(createIn, 16), names: []string{"/"},
+			calls: withArgs(call("Tmpfile", createIn), noGroup), payload: create},
+		{name: "TMPFILE without name", op: OpTmpfile, args: argBytes(createIn, 16),
+			calls: withArgs(call("Tmpfile", createIn), noGroup), payload: create},
 		{name: "READ", op: OpRead, args: argBytes(readIn, 40), calls: call("Read", readIn),
 			payload: func(f *fakeFS) []byte { return []byte("abcde") }},
 		{name: "WRITE", op: OpWrite, args: argBytes(writeIn, 40), raw: []byte("hello world"), calls: call("Write", writeIn),
@@ -256,6 +289,42 @@ func opCases() []opCase {
 	}
 }
 
+const noGroup = uint64(NoGroup)
+
+// extRec is one request extension: fuse_ext_header then body, padded to 8.
+func extRec(typ uint32, body []byte) []byte {
+	n := align8(extHeaderSize + len(body))
+	b := make([]byte, n)
+	binary.LittleEndian.PutUint32(b, uint32(n))
+	binary.LittleEndian.PutUint32(b[4:], typ)
+	copy(b[8:], body)
+	return b
+}
+
+// groupsExt is FUSE_EXT_GROUPS with nr_groups and the groups given.
+func groupsExt(nr uint32, groups ...uint32) []byte {
+	b := binary.LittleEndian.AppendUint32(nil, nr)
+	for _, g := range groups {
+		b = binary.LittleEndian.AppendUint32(b, g)
+	}
+	return extRec(extGroups, b)
+}
+
+// setSize overwrites an extension's size field.
+func setSize(ext []byte, size uint32) []byte {
+	binary.LittleEndian.PutUint32(ext, size)
+	return ext
+}
+
+// withExt appends an extension area to req and sets total_extlen (in
+// 8-byte units, rounded up) and the length.
+func withExt(req, ext []byte) []byte {
+	req = append(append([]byte(nil), req...), ext...)
+	binary.LittleEndian.PutUint32(req, uint32(len(req)))
+	binary.LittleEndian.PutUint16(req[36:], uint16((len(ext)+7)/8))
+	return req
+}
+
 func batchForget(count uint32, pairs ...uint64) []byte {
 	b := make([]byte, 8, 8+8*len(pairs))
 	binary.LittleEndian.PutUint32(b, count)
@@ -284,6 +353,9 @@ func TestOpcodes(t *testing.T) {
 				}
 				unique := uint64(0x1000 + i)
 				req := mkreq(tc.op, unique, tc.args, tc.names, tc.raw)
+				if tc.ext != nil {
+					req = withExt(req, tc.ext)
+				}
 				var payload []byte
 				if tc.payload != nil && tc.errno == 0 {
 					payload = tc.payload(f)
@@ -406,5 +478,26 @@ func TestOpcodeErrors(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// An extension area that claims more than the request after its header is
+// refused; the queue serves the next request as usual.
+func TestExtensionAreaBounds(t *testing.T) {
+	f := newFakeFS()
+	_, q := newSession(t, f)
+	mkdir := argBytes(gofuse.MkdirIn{Mode: 0o755}, 8)
+	for _, extlen := range []uint16{1, 3, 0xffff} {
+		req := mkreq(OpMkdir, 5, mkdir, []string{"d"}, nil)
+		binary.LittleEndian.PutUint16(req[36:], extlen)
+		if r := serve(t, q, req, 0, 16+entryOutSize, 0); errnoOf(r) != -int32(syscall.EINVAL) {
+			t.Fatalf("total_extlen %d: reply % x", extlen, r)
+		}
+	}
+	if calls := f.lastCalls(); len(calls) != 0 {
+		t.Fatalf("file system called: %+v", calls)
+	}
+	if r := serve(t, q, mkreq(OpStatfs, 6, nil, nil, nil), 0, 16+statfsOutSize, 0); errnoOf(r) != 0 {
+		t.Fatalf("STATFS after: % x", r)
 	}
 }

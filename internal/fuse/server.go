@@ -127,6 +127,9 @@ type Queue struct {
 	forget [16]byte
 	warned uint64      // rate limit for warnings
 	st     *queueStats // nil with metrics off
+	// group is the supplementary group the request's extensions carry,
+	// NoGroup without one.
+	group uint32
 }
 
 // replyBufSize holds the largest fixed-size reply (fuse_statx_out, 288 B).
@@ -295,14 +298,22 @@ func noReplyOp(op uint32) bool {
 
 func (q *Queue) dispatch(in, out *bufvec.Vec) (int, syscall.Errno) {
 	h := &q.h
-	if int(h.Length) != in.Size() || h.TotalExtlen != 0 {
+	q.group = NoGroup
+	if int(h.Length) != in.Size() {
 		// The header's length must describe exactly what the chain
-		// holds. Extensions follow only SECURITY_CTX and
-		// CREATE_SUPP_GROUP, which are never negotiated.
+		// holds.
 		if noReplyOp(h.Opcode) {
 			return 0, noReply
 		}
 		return 0, syscall.EINVAL
+	}
+	if h.TotalExtlen != 0 {
+		if errno := q.extensions(in); errno != 0 {
+			if noReplyOp(h.Opcode) {
+				return 0, noReply
+			}
+			return 0, errno
+		}
 	}
 	if out.Size() < OutHeaderSize && !noReplyOp(h.Opcode) {
 		if q.rateLimit() {

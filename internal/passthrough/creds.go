@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -19,6 +20,14 @@ import (
 //     value, not failure), runs the operation and restores them. If
 //     restoring fails the worker exits without unlocking its thread, so the
 //     Go runtime destroys the thread and a fresh worker replaces it.
+//   - a supplementary group the guest sent with the request
+//     (CREATE_SUPP_GROUP: the caller may create in the directory only
+//     through that group) is set for the operation with the raw setgroups
+//     system call, which changes only the calling thread (glibc's and Go's
+//     Setgroups change every thread), and dropped again after it, as the
+//     Rust virtiofsd does. Without it the switched fsuid has no group
+//     access the guest granted (the daemon dropped its own groups at
+//     start, CVE-2022-0358).
 //   - each worker thread unshares CLONE_FS, so its umask (0, or the
 //     guest's umask when FUSE_DONT_MASK is negotiated for POSIX ACLs) and
 //     its cwd are its own. The cwd is /proc/self/fd: path-based xattr calls
@@ -39,13 +48,16 @@ type credPool struct {
 	egid    uint32
 	workers int
 	mu      sync.Mutex // serialises jobs when !unshared
+
+	groupWarned atomic.Bool
 }
 
 type credJob struct {
 	uid, gid uint32
-	umask    int  // -1: 0
-	switchID bool // switch fsuid/fsgid
-	needCwd  bool // fn uses the worker's cwd (/proc/self/fd)
+	group    uint32 // supplementary group, noGroup for none
+	umask    int    // -1: 0
+	switchID bool   // switch fsuid/fsgid
+	needCwd  bool   // fn uses the worker's cwd (/proc/self/fd)
 	fn       func() syscall.Errno
 	done     chan syscall.Errno
 }
@@ -120,12 +132,16 @@ func (p *credPool) do(j *credJob) bool {
 		defer unix.Umask(0)
 	}
 	if j.switchID {
+		grouped := j.group != noGroup && p.setGroup(j.group)
 		var prevUID, prevGID int
 		prevUID, prevGID, errno = switchCreds(j.uid, j.gid)
 		if errno == 0 {
 			errno = j.fn()
 		}
 		restoreOK = restoreCreds(prevUID, prevGID)
+		if grouped && !dropGroups() {
+			restoreOK = false
+		}
 	} else {
 		errno = j.fn()
 	}
@@ -145,6 +161,32 @@ func switchCreds(uid, gid uint32) (prevUID, prevGID int, errno syscall.Errno) {
 		return prevUID, prevGID, syscall.EPERM
 	}
 	return prevUID, prevGID, 0
+}
+
+// noGroup is internal/fuse.NoGroup: the request carried no supplementary
+// group.
+const noGroup = ^uint32(0)
+
+// setGroup makes g this thread's only supplementary group. A failure (a
+// user namespace whose setgroups is denied) is logged once; the operation
+// then runs without the group, as it did before the guest could send one.
+func (p *credPool) setGroup(g uint32) bool {
+	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 1, uintptr(unsafe.Pointer(&g)), 0); e != 0 {
+		if !p.groupWarned.Swap(true) {
+			slog.Warn("passthrough: cannot set a supplementary group for a creation request; creating without it", "err", e)
+		}
+		return false
+	}
+	return true
+}
+
+// dropGroups clears this thread's supplementary groups again.
+func dropGroups() bool {
+	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 0, 0, 0); e != 0 {
+		slog.Error("passthrough: could not drop a supplementary group; retiring the thread", "err", e)
+		return false
+	}
+	return true
 }
 
 func restoreCreds(prevUID, prevGID int) bool {
@@ -167,20 +209,26 @@ func restoreCreds(prevUID, prevGID int) bool {
 	return ok
 }
 
-// asCaller runs fn with the caller's fsuid/fsgid and umask (umask < 0:
-// none) on a credential worker.
+// asCaller runs fn with the caller's fsuid/fsgid, supplementary group
+// (noGroup: none) and umask (umask < 0: none) on a credential worker.
 //
 // When no switch is needed (the caller's ids are the daemon's, or the daemon
 // cannot switch) and no umask applies, fn runs inline: the hand-off to a
 // locked worker thread cost a CREATE more than its syscalls.
 //
-// uid and gid are the guest's: with --translate-uid/--translate-gid they
-// are mapped to host ids first, and a forbidden one fails with EPERM.
-func (f *FS) asCaller(uid, gid uint32, umask int, fn func() syscall.Errno) syscall.Errno {
+// uid, gid and group are the guest's: with --translate-uid/--translate-gid
+// they are mapped to host ids first, and a forbidden one fails with EPERM.
+func (f *FS) asCaller(uid, gid, group uint32, umask int, fn func() syscall.Errno) syscall.Errno {
 	if f.ids != nil {
 		var errno syscall.Errno
 		if uid, gid, errno = f.ids.toHost(uid, gid); errno != 0 {
 			return errno
+		}
+		if group != noGroup {
+			var ok bool
+			if group, ok = f.ids.gid.ToHost(group); !ok {
+				return syscall.EPERM
+			}
 		}
 	}
 	p := &f.creds
@@ -188,7 +236,7 @@ func (f *FS) asCaller(uid, gid uint32, umask int, fn func() syscall.Errno) sysca
 		return fn() // the process umask is 0 (New), the fs ids are ours
 	}
 	p.start()
-	j := &credJob{uid: uid, gid: gid, umask: umask, fn: fn, done: make(chan syscall.Errno, 1)}
+	j := &credJob{uid: uid, gid: gid, group: group, umask: umask, fn: fn, done: make(chan syscall.Errno, 1)}
 	j.switchID = p.switchc
 	select {
 	case p.jobs <- j:
@@ -203,7 +251,7 @@ func (f *FS) asCaller(uid, gid uint32, umask int, fn func() syscall.Errno) sysca
 func (f *FS) onWorker(fn func() syscall.Errno) syscall.Errno {
 	p := &f.creds
 	p.start()
-	j := &credJob{umask: -1, needCwd: true, fn: fn, done: make(chan syscall.Errno, 1)}
+	j := &credJob{group: noGroup, umask: -1, needCwd: true, fn: fn, done: make(chan syscall.Errno, 1)}
 	select {
 	case p.jobs <- j:
 	case <-p.quit:

@@ -13,7 +13,7 @@ import (
 
 // createEntry runs mk (the creating *at call on dir) with the caller's
 // credentials, then looks the new name up, filling out.
-func (f *FS) createEntry(h *gofuse.InHeader, umask uint32, name []byte, out *gofuse.EntryOut,
+func (f *FS) createEntry(h *gofuse.InHeader, group, umask uint32, name []byte, out *gofuse.EntryOut,
 	mk func(dirfd int, name *byte) syscall.Errno) syscall.Errno {
 	if errno := checkName(name); errno != 0 {
 		return errno
@@ -28,29 +28,29 @@ func (f *FS) createEntry(h *gofuse.InHeader, umask uint32, name []byte, out *gof
 	defer dir.put()
 	var cn cname
 	p := cn.set(name)
-	errno = f.asCaller(h.Uid, h.Gid, f.umaskFor(umask), func() syscall.Errno { return mk(dir.fd, p) })
+	errno = f.asCaller(h.Uid, h.Gid, group, f.umaskFor(umask), func() syscall.Errno { return mk(dir.fd, p) })
 	if errno != 0 {
 		return errno
 	}
 	return f.lookupName(dir, name, out)
 }
 
-// Mkdir creates a directory.
-func (f *FS) Mkdir(in *gofuse.MkdirIn, name []byte, out *gofuse.EntryOut) syscall.Errno {
-	return f.createEntry(&in.InHeader, in.Umask, name, out, func(dirfd int, p *byte) syscall.Errno {
+// Mkdir creates a directory (group: see asCaller).
+func (f *FS) Mkdir(in *gofuse.MkdirIn, group uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
+	return f.createEntry(&in.InHeader, group, in.Umask, name, out, func(dirfd int, p *byte) syscall.Errno {
 		return sysMkdirat(dirfd, p, in.Mode&0o7777)
 	})
 }
 
 // Mknod creates a special file or a regular file.
-func (f *FS) Mknod(in *gofuse.MknodIn, name []byte, out *gofuse.EntryOut) syscall.Errno {
-	return f.createEntry(&in.InHeader, in.Umask, name, out, func(dirfd int, p *byte) syscall.Errno {
+func (f *FS) Mknod(in *gofuse.MknodIn, group uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
+	return f.createEntry(&in.InHeader, group, in.Umask, name, out, func(dirfd int, p *byte) syscall.Errno {
 		return sysMknodat(dirfd, p, in.Mode, uint64(in.Rdev))
 	})
 }
 
 // Symlink creates name in h.NodeId pointing to target (never followed).
-func (f *FS) Symlink(h *gofuse.InHeader, target, name []byte, out *gofuse.EntryOut) syscall.Errno {
+func (f *FS) Symlink(h *gofuse.InHeader, group uint32, target, name []byte, out *gofuse.EntryOut) syscall.Errno {
 	if len(target) == 0 || bytes.IndexByte(target, 0) >= 0 {
 		return syscall.EINVAL
 	}
@@ -59,7 +59,7 @@ func (f *FS) Symlink(h *gofuse.InHeader, target, name []byte, out *gofuse.EntryO
 	}
 	t := make([]byte, len(target)+1)
 	copy(t, target)
-	return f.createEntry(h, 0, name, out, func(dirfd int, p *byte) syscall.Errno {
+	return f.createEntry(h, group, 0, name, out, func(dirfd int, p *byte) syscall.Errno {
 		return sysSymlinkat(&t[0], dirfd, p)
 	})
 }

@@ -89,7 +89,7 @@ func (f *FS) Open(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno {
 // Create creates and opens name in in.NodeId with O_CREAT|O_EXCL as the
 // caller; an existing file is opened instead (as an OPEN would) unless the
 // guest asked for O_EXCL.
-func (f *FS) Create(in *gofuse.CreateIn, name []byte, out *gofuse.CreateOut) syscall.Errno {
+func (f *FS) Create(in *gofuse.CreateIn, group uint32, name []byte, out *gofuse.CreateOut) syscall.Errno {
 	if errno := checkName(name); errno != 0 {
 		return errno
 	}
@@ -105,7 +105,7 @@ func (f *FS) Create(in *gofuse.CreateIn, name []byte, out *gofuse.CreateOut) sys
 	var cn cname
 	p := cn.set(name)
 	fd := -1
-	errno = f.asCaller(in.Uid, in.Gid, f.umaskFor(in.Umask), func() syscall.Errno {
+	errno = f.asCaller(in.Uid, in.Gid, group, f.umaskFor(in.Umask), func() syscall.Errno {
 		var e syscall.Errno
 		fd, e = sysOpenat(dir.fd, p, fl|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, in.Mode&0o7777)
 		return e
@@ -198,7 +198,7 @@ func (f *FS) finishCreate(fd int, fl int, dir iref, out *gofuse.CreateOut) sysca
 }
 
 // Tmpfile creates an unnamed regular file (O_TMPFILE) in in.NodeId.
-func (f *FS) Tmpfile(in *gofuse.CreateIn, out *gofuse.CreateOut) syscall.Errno {
+func (f *FS) Tmpfile(in *gofuse.CreateIn, group uint32, out *gofuse.CreateOut) syscall.Errno {
 	if f.opts.ReadOnly {
 		return syscall.EROFS
 	}
@@ -213,7 +213,7 @@ func (f *FS) Tmpfile(in *gofuse.CreateIn, out *gofuse.CreateOut) syscall.Errno {
 	}
 	fl |= int(in.Flags) & unix.O_EXCL // with O_TMPFILE: never linkable
 	fd := -1
-	errno = f.asCaller(in.Uid, in.Gid, f.umaskFor(in.Umask), func() syscall.Errno {
+	errno = f.asCaller(in.Uid, in.Gid, group, f.umaskFor(in.Umask), func() syscall.Errno {
 		var e syscall.Errno
 		fd, e = sysOpenat(dir.fd, &dotPath[0], fl|unix.O_TMPFILE, in.Mode&0o7777)
 		return e

@@ -378,6 +378,9 @@ func (f *FS) Capabilities() uint64 {
 	if o.KillprivV2 {
 		c |= gofuse.CAP_HANDLE_KILLPRIV_V2
 	}
+	// Creation requests then carry the supplementary group through which
+	// the caller may write the parent directory (asCaller).
+	c |= gofuse.CAP_CREATE_SUPP_GROUP
 	if !o.NoReaddirplus {
 		c |= gofuse.CAP_READDIRPLUS | gofuse.CAP_READDIRPLUS_AUTO
 	}
