@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"hash/crc32"
 	"io"
 	"slices"
 	"strings"
@@ -14,45 +13,85 @@ import (
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 )
 
-// migFS is a fake file system that migrates: its state is fsState.
+// migFS is a fake file system that migrates. Its stream is
+//
+//	"FAKE", mounted (1 byte), negotiated (u64), then the session record
+//
+// and one without a record after the negotiated options stands for a Rust
+// daemon's.
 type migFS struct {
 	*fakeFS
-	loadErr   error
-	loadCaps  uint64
-	loads     int
-	prepares  int
-	cancels   int
-	installed string
+	mounted    bool   // the file system has a session (a root)
+	negotiated uint64 // the options the Rust format would record
+	loadErr    error
+	loadCaps   uint64
+	loads      int
+	prepares   int
+	cancels    int
+	restored   bool // restore was called
 }
 
-const fsState = "fake file system state"
+const fakeMagic = "FAKE"
 
 func (m *migFS) PrepareMigration() { m.prepares++ }
 func (m *migFS) CancelMigration()  { m.cancels++ }
-func (m *migFS) SaveState(w io.Writer) error {
-	_, err := io.WriteString(w, fsState)
+func (m *migFS) SaveState(w io.Writer, session []byte) error {
+	_, err := w.Write(fakeStream(m.mounted, m.negotiated, session))
 	return err
 }
-func (m *migFS) LoadState(r io.Reader, caps uint64) error {
+
+func fakeStream(mounted bool, negotiated uint64, session []byte) []byte {
+	b := []byte(fakeMagic)
+	if mounted {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
+	b = binary.LittleEndian.AppendUint64(b, negotiated)
+	return append(b, session...)
+}
+
+func (m *migFS) LoadState(r io.Reader, restore func([]byte, bool, uint64) (uint64, error)) error {
 	b, err := io.ReadAll(r)
 	if err != nil {
 		return err
 	}
-	if string(b) != fsState {
+	if len(b) < 13 || string(b[:4]) != fakeMagic || b[4] > 1 {
 		return errors.New("bad fake state")
+	}
+	var rec []byte
+	if len(b) > 13 {
+		rec = b[13:]
+	}
+	m.restored = true
+	caps, err := restore(rec, b[4] == 1, binary.LittleEndian.Uint64(b[5:]))
+	if err != nil {
+		return err
 	}
 	if m.loadErr != nil {
 		return m.loadErr
 	}
 	m.loads++
 	m.loadCaps = caps
-	m.installed = string(b)
+	m.mounted = b[4] == 1
 	return nil
 }
 
 func newMigFS() *migFS { return &migFS{fakeFS: newFakeFS()} }
 
-func saveServer(t *testing.T, s *Server) []byte {
+// migSession is a server on a migFS whose session INIT started.
+func migSession(t testing.TB) (*Server, *migFS) {
+	t.Helper()
+	m := newMigFS()
+	s, _ := newSession(t, m.fakeFS)
+	s.fs = m // the session was negotiated with the same capabilities
+	m.mounted = true
+	ss, _ := s.Session()
+	m.negotiated = ss.Caps & negotiatedBits
+	return s, m
+}
+
+func saveServer(t testing.TB, s *Server) []byte {
 	t.Helper()
 	var b bytes.Buffer
 	if err := s.SaveState(&b); err != nil {
@@ -66,14 +105,22 @@ func getattrErrno(t *testing.T, q *Queue) int32 {
 }
 
 func TestStateRoundTrip(t *testing.T) {
-	src := newMigFS()
-	s, _ := newSession(t, src.fakeFS)
-	s.fs = src // the session was negotiated with the same capabilities
+	s, _ := migSession(t)
 	want, ok := s.Session()
 	if !ok || want.Minor != 38 || want.MaxWrite != DefaultMaxWrite || want.MaxPages != DefaultMaxPages {
 		t.Fatalf("source session %+v %v", want, ok)
 	}
 	b := saveServer(t, s)
+	if len(b) != 13+sessionRecordSize || string(b[:4]) != fakeMagic {
+		t.Fatalf("stream % x", b)
+	}
+	rec := b[13:]
+	if binary.LittleEndian.Uint32(rec) != 1 || binary.LittleEndian.Uint32(rec[4:]) != 1 ||
+		binary.LittleEndian.Uint32(rec[8:]) != 38 || binary.LittleEndian.Uint64(rec[12:]) != want.Caps ||
+		binary.LittleEndian.Uint32(rec[20:]) != DefaultMaxWrite || binary.LittleEndian.Uint32(rec[24:]) != DefaultMaxPages ||
+		binary.LittleEndian.Uint32(rec[28:]) != 128<<10 {
+		t.Fatalf("session record % x", rec)
+	}
 
 	dst := newMigFS()
 	// The destination's own options do not matter: the guest was told
@@ -90,7 +137,7 @@ func TestStateRoundTrip(t *testing.T) {
 	if !ok || got != want {
 		t.Fatalf("restored session %+v, want %+v", got, want)
 	}
-	if dst.loads != 1 || dst.loadCaps != want.Caps || dst.installed != fsState {
+	if dst.loads != 1 || dst.loadCaps != want.Caps {
 		t.Fatalf("file system load: %d, caps %#x", dst.loads, dst.loadCaps)
 	}
 	// Served without INIT.
@@ -108,6 +155,7 @@ func TestStateRoundTrip(t *testing.T) {
 		t.Fatalf("WRITE within the restored max_write: %d", errnoOf(r))
 	}
 	// And it saves again, identically.
+	dst.negotiated = want.Caps & negotiatedBits
 	if b2 := saveServer(t, d); !bytes.Equal(b, b2) {
 		t.Fatalf("second save differs")
 	}
@@ -117,8 +165,8 @@ func TestStateNoSession(t *testing.T) {
 	src := newMigFS()
 	s := NewServer(src, ServerOptions{}, debugLogger())
 	b := saveServer(t, s)
-	if len(b) != stateHeaderSize {
-		t.Fatalf("state without a session: %d bytes", len(b))
+	if len(b) != 13+sessionRecordSize || !bytes.Equal(b[13:], append([]byte{1, 0, 0, 0}, make([]byte, 28)...)) {
+		t.Fatalf("state without a session: % x", b)
 	}
 	// Replaces the destination's session.
 	dst := newMigFS()
@@ -133,15 +181,98 @@ func TestStateNoSession(t *testing.T) {
 	if e := getattrErrno(t, q); e != -int32(syscall.EIO) {
 		t.Fatalf("GETATTR: %d", e)
 	}
-	if c := dst.lastCalls(); len(c) == 0 || c[len(c)-1].Op != "Destroy" {
-		t.Fatalf("calls %+v", c)
-	}
 	// After DESTROY, likewise.
-	s2, q2 := newSession(t, src.fakeFS)
-	s2.fs = src
+	s2, m2 := migSession(t)
+	q2 := s2.Queue(1)
 	serve(t, q2, mkreq(OpDestroy, 9, nil, nil, nil), 0, 16, 0)
+	m2.mounted, m2.negotiated = false, 0
 	if b2 := saveServer(t, s2); !bytes.Equal(b, b2) {
 		t.Fatal("state after DESTROY differs from none")
+	}
+}
+
+// linux612Rust is the session the Rust virtiofsd 1.13 negotiates with Linux
+// 6.12 with its default options (readdirplus on, announce_submounts on),
+// written out bit by bit from its server.rs and fs/fuse/inode.c.
+const linux612Rust = gofuse.CAP_ASYNC_READ | gofuse.CAP_ATOMIC_O_TRUNC | gofuse.CAP_BIG_WRITES |
+	gofuse.CAP_IOCTL_DIR | gofuse.CAP_AUTO_INVAL_DATA | gofuse.CAP_READDIRPLUS | gofuse.CAP_READDIRPLUS_AUTO |
+	gofuse.CAP_ASYNC_DIO | gofuse.CAP_PARALLEL_DIROPS | gofuse.CAP_MAX_PAGES | gofuse.CAP_SUBMOUNTS |
+	gofuse.CAP_INIT_EXT | gofuse.CAP_CREATE_SUPP_GROUP | gofuse.CAP_ALLOW_IDMAP
+
+// A stream without our session record comes from the Rust virtiofsd: the
+// session is rebuilt as it negotiates with Linux 6.12, from what its state
+// records and this daemon's own options; what this daemon cannot serve is
+// refused.
+func TestStateRustSession(t *testing.T) {
+	ours := uint64(gofuse.CAP_ASYNC_READ) | gofuse.CAP_PARALLEL_DIROPS | gofuse.CAP_EXPORT_SUPPORT | gofuse.CAP_ATOMIC_O_TRUNC |
+		gofuse.CAP_BIG_WRITES | gofuse.CAP_AUTO_INVAL_DATA | gofuse.CAP_ASYNC_DIO | gofuse.CAP_READDIRPLUS |
+		gofuse.CAP_READDIRPLUS_AUTO | gofuse.CAP_CREATE_SUPP_GROUP | gofuse.CAP_SUBMOUNTS
+	const (
+		supp = gofuse.CAP_CREATE_SUPP_GROUP
+		subm = gofuse.CAP_SUBMOUNTS
+		acl  = gofuse.CAP_POSIX_ACL | gofuse.CAP_DONT_MASK | gofuse.CAP_SETXATTR_EXT
+		wb   = gofuse.CAP_WRITEBACK_CACHE
+	)
+	tests := []struct {
+		name       string
+		fsCaps     uint64
+		negotiated uint64
+		mounted    bool
+		want       uint64 // 0: no session
+		err        string
+	}{
+		{name: "defaults", fsCaps: ours, negotiated: supp | subm, mounted: true, want: linux612Rust},
+		{name: "not announcing submounts", fsCaps: ours, negotiated: supp, mounted: true, want: linux612Rust &^ subm},
+		{name: "a guest without CREATE_SUPP_GROUP", fsCaps: ours, negotiated: subm, mounted: true, want: linux612Rust &^ supp},
+		{name: "writeback and ACLs", fsCaps: ours | wb | acl, negotiated: supp | subm | wb | acl, mounted: true,
+			want: linux612Rust | wb | acl},
+		{name: "killpriv_v2 assumed from here", fsCaps: ours | gofuse.CAP_HANDLE_KILLPRIV_V2, negotiated: supp | subm, mounted: true,
+			want: linux612Rust | gofuse.CAP_HANDLE_KILLPRIV_V2},
+		{name: "no readdirplus here", fsCaps: ours &^ (gofuse.CAP_READDIRPLUS | gofuse.CAP_READDIRPLUS_AUTO), negotiated: supp | subm,
+			mounted: true, want: linux612Rust &^ (gofuse.CAP_READDIRPLUS | gofuse.CAP_READDIRPLUS_AUTO)},
+		{name: "not mounted", fsCaps: ours, mounted: false},
+		{name: "writeback off here", fsCaps: ours, negotiated: supp | subm | wb, mounted: true, err: "are off here"},
+		{name: "no ATOMIC_O_TRUNC here", fsCaps: ours &^ gofuse.CAP_ATOMIC_O_TRUNC, negotiated: supp | subm, mounted: true,
+			err: "capabilities 0x8 that are off here"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newMigFS()
+			m.caps = tc.fsCaps
+			d, q := newSession(t, m.fakeFS)
+			d.fs = m
+			before, _ := d.Session()
+			err := d.LoadState(bytes.NewReader(fakeStream(tc.mounted, tc.negotiated, nil)))
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("LoadState: %v, want %q", err, tc.err)
+				}
+				if after, ok := d.Session(); !ok || after != before || m.loads != 0 {
+					t.Fatalf("session %+v → %+v", before, after)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, ok := d.Session()
+			if tc.want == 0 {
+				if ok {
+					t.Fatalf("session %+v", got)
+				}
+				return
+			}
+			want := SessionInfo{Minor: 38, Caps: tc.want, MaxWrite: 1 << 20, MaxPages: 256, MaxReadahead: 128 << 10}
+			if !ok || got != want || m.loadCaps != tc.want {
+				t.Fatalf("session %+v (%v), caps to the file system %#x\nwant %+v", got, ok, m.loadCaps, want)
+			}
+			// A creation request with its supplementary group (the
+			// Rust daemon negotiated CREATE_SUPP_GROUP) is served.
+			req := withExt(mkreq(OpMkdir, 3, argBytes(gofuse.MkdirIn{Mode: 0o755}, 8), []string{"d"}, nil), groupsExt(1, 100))
+			if r := serve(t, q, req, 0, 16+entryOutSize, 0); errnoOf(r) != 0 {
+				t.Fatalf("MKDIR with a group: %d", errnoOf(r))
+			}
+		})
 	}
 }
 
@@ -167,63 +298,48 @@ func TestStateLogAll(t *testing.T) {
 	}
 }
 
-// withCRC recomputes a header's checksum.
-func withCRC(h []byte) []byte {
-	binary.LittleEndian.PutUint32(h[40:], crc32.Checksum(h[:40], castagnoli))
-	return h
-}
-
 func TestStateBadStreams(t *testing.T) {
-	src := newMigFS()
-	s, _ := newSession(t, src.fakeFS)
-	s.fs = src
+	s, src := migSession(t)
 	good := saveServer(t, s)
-	none := saveServer(t, NewServer(src, ServerOptions{}, debugLogger()))
+	caps := binary.LittleEndian.Uint64(good[13+12:])
 
 	edit := func(off int, v uint64, size int) []byte {
 		b := slices.Clone(good)
 		switch size {
 		case 4:
-			binary.LittleEndian.PutUint32(b[off:], uint32(v))
+			binary.LittleEndian.PutUint32(b[13+off:], uint32(v))
 		case 8:
-			binary.LittleEndian.PutUint64(b[off:], v)
+			binary.LittleEndian.PutUint64(b[13+off:], v)
 		}
-		return withCRC(b)
+		return b
 	}
-	caps := binary.LittleEndian.Uint64(good[20:])
+	none := fakeStream(false, 0, encodeSession(nil))
 	cases := []struct {
 		name string
 		b    []byte
 		want string
 	}{
-		{"empty", nil, "truncated"},
-		{"magic", append([]byte("GVFSFUSX"), good[8:]...), "not a govirtiofsd migration state"},
-		{"version", edit(8, 2, 4), "version 2 is not supported"},
-		{"checksum", append(slices.Clone(good[:30]), append([]byte{good[30] ^ 1}, good[31:]...)...), "checksum"},
-		{"flags", edit(12, 3, 4), "unknown flags"},
-		{"minor low", edit(16, 26, 4), "protocol 7.26"},
-		{"minor high", edit(16, KernelMinor+1, 4), "is not served here"},
-		{"unknown caps", edit(20, caps|gofuse.CAP_SPLICE_READ, 8), "unknown to this daemon"},
-		{"caps off here", edit(20, caps|gofuse.CAP_POSIX_ACL, 8), "are off here"},
-		{"max_write 0", edit(28, 0, 4), "max_write 0"},
-		{"max_write huge", edit(28, 1<<30, 4), "max_write"},
-		{"max_pages 0", edit(32, 0, 4), "max_pages"},
-		{"max_pages huge", edit(32, 1<<16, 4), "max_pages"},
-		{"fs state bad", append(slices.Clone(good), 'x'), "bad fake state"},
-		{"fs state missing", good[:stateHeaderSize], "bad fake state"},
-		{"no session, trailing", append(slices.Clone(none), 0), "bytes after"},
+		{"empty", nil, "bad fake state"},
+		{"record short", good[:13+sessionRecordSize-1], "record of 31 bytes"},
+		{"record long", append(slices.Clone(good), 0), "record of 33 bytes"},
+		{"version", edit(0, 2, 4), "version 2 is not supported"},
+		{"flags", edit(4, 3, 4), "unknown flags"},
+		{"minor low", edit(8, 26, 4), "protocol 7.26"},
+		{"minor high", edit(8, KernelMinor+1, 4), "is not served here"},
+		{"unknown caps", edit(12, caps|gofuse.CAP_SPLICE_READ, 8), "unknown to this daemon"},
+		{"caps off here", edit(12, caps|gofuse.CAP_FLOCK_LOCKS, 8), "are off here"},
+		{"caps disagree", fakeStream(true, src.negotiated^gofuse.CAP_WRITEBACK_CACHE, good[13:]), "disagree with the file system"},
+		{"max_write 0", edit(20, 0, 4), "max_write 0"},
+		{"max_write huge", edit(20, 1<<30, 4), "max_write"},
+		{"max_pages 0", edit(24, 0, 4), "max_pages"},
+		{"max_pages huge", edit(24, 1<<16, 4), "max_pages"},
+		{"session but not mounted", fakeStream(false, src.negotiated, good[13:]), "disagrees with the file system's state"},
+		{"mounted without a session", fakeStream(true, 0, none[13:]), "disagrees with the file system's state"},
 		{"no session, fields", func() []byte {
 			b := slices.Clone(none)
-			b[16] = 1
-			return withCRC(b)
+			b[13+8] = 1
+			return b
 		}(), "session fields"},
-	}
-	for n := range stateHeaderSize {
-		cases = append(cases, struct {
-			name string
-			b    []byte
-			want string
-		}{"prefix", good[:n], "truncated"})
 	}
 	for _, tc := range cases {
 		dst := newMigFS()
@@ -259,23 +375,29 @@ func TestStateBadStreams(t *testing.T) {
 	}
 }
 
-// FuzzLoadStateHeader: LoadState never panics, and a failed load leaves
-// the session as it was.
-func FuzzLoadStateHeader(f *testing.F) {
-	src := newMigFS()
-	s := NewServer(src, ServerOptions{}, quietLogger())
-	var none bytes.Buffer
-	s.SaveState(&none)
-	f.Add(none.Bytes())
-	q := s.Queue(0)
-	serve(f, q, initReq(1, 7, 38, kernelInitFlags, kernelInitFlags2, 64), 0, 80, 0)
-	var good bytes.Buffer
-	s.SaveState(&good)
-	f.Add(good.Bytes())
-	f.Add([]byte(stateMagic))
-	f.Fuzz(func(t *testing.T, b []byte) {
+// FuzzLoadSessionRecord: whatever the session record (or none: a Rust
+// state), LoadState never panics, and a failed load leaves the session as
+// it was.
+func FuzzLoadSessionRecord(f *testing.F) {
+	s, m := migSession(f)
+	good := saveServer(f, s)
+	f.Add(good[13:], true, m.negotiated, false)
+	f.Add(encodeSession(nil), false, uint64(0), false)
+	f.Add([]byte(nil), true, uint64(gofuse.CAP_CREATE_SUPP_GROUP), true)
+	f.Add(good[13:20], true, m.negotiated, false)
+	f.Fuzz(func(t *testing.T, rec []byte, mounted bool, negotiated uint64, rust bool) {
+		if rust {
+			rec = nil
+		} else if rec == nil {
+			rec = []byte{}
+		}
 		dst := newMigFS()
 		d := NewServer(dst, ServerOptions{}, quietLogger())
+		b := fakeStream(mounted, negotiated, rec)
+		if rec != nil && len(rec) == 0 {
+			// An empty record must still read as ours.
+			return
+		}
 		if err := d.LoadState(bytes.NewReader(b)); err != nil {
 			if _, ok := d.Session(); ok || dst.loads != 0 {
 				t.Fatal("installed after an error")

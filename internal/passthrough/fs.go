@@ -189,21 +189,68 @@ func (m MigrationOnError) String() string {
 	return "abort"
 }
 
-// MigrationOptions configure live migration in find-paths mode: the source
-// sends a path below the shared directory for every inode, the destination
-// reopens them.
+// MigrationMode is how the inodes travel (the Rust daemon's
+// --migration-mode; source side: a destination reads either).
+type MigrationMode int
+
+const (
+	// MigrationFindPaths sends a path below the shared directory for
+	// every inode; the destination reopens it.
+	MigrationFindPaths MigrationMode = iota
+	// MigrationFileHandles sends every inode's file handle, and a path in
+	// the share for each mount they are on; the destination opens them
+	// with open_by_handle_at (CAP_DAC_READ_SEARCH). Source and destination
+	// must share the very same file system; an open file unlinked on the
+	// host migrates.
+	MigrationFileHandles
+)
+
+// ParseMigrationMode parses find-paths|file-handles.
+func ParseMigrationMode(s string) (MigrationMode, error) {
+	switch s {
+	case "find-paths", "":
+		return MigrationFindPaths, nil
+	case "file-handles":
+		return MigrationFileHandles, nil
+	}
+	return 0, fmt.Errorf("unknown migration mode %q (find-paths|file-handles)", s)
+}
+
+func (m MigrationMode) String() string {
+	if m == MigrationFileHandles {
+		return "file-handles"
+	}
+	return "find-paths"
+}
+
+// MigrationOptions configure live migration (migrate.go).
 type MigrationOptions struct {
+	// Mode: see MigrationMode (source side).
+	Mode MigrationMode
 	// OnError: see MigrationOnError (destination side).
 	OnError MigrationOnError
 	// ConfirmPaths re-checks at save every path collected when the
 	// migration started and finds it again if it no longer leads to the
 	// same object, so a host-side rename during the migration is
-	// followed (the Rust daemon's --migration-confirm-paths; source side).
+	// followed (the Rust daemon's --migration-confirm-paths; source side,
+	// find-paths only).
 	ConfirmPaths bool
+	// VerifyHandles attaches each inode's file handle to its path, and a
+	// destination that opened the path compares the handle of what it
+	// opened: another object (a file replaced on the host) is unreachable
+	// there, per OnError (the Rust daemon's --migration-verify-handles;
+	// source side, find-paths only; the destination compares whenever a
+	// state carries handles). Source and destination must share the same
+	// file system.
+	VerifyHandles bool
 }
 
 // rootID is FUSE_ROOT_ID.
 const rootID = 1
+
+// invalidUIDGID is FUSE_INVALID_UIDGID, the uid and gid of a request that
+// carries no caller ids.
+const invalidUIDGID = ^uint32(0)
 
 // FS is the passthrough file system.
 type FS struct {
@@ -254,6 +301,11 @@ type FS struct {
 func New(root string, opts Options) (*FS, error) {
 	if opts.PosixACL && !opts.Xattr {
 		return nil, fmt.Errorf("posix ACLs need xattr support")
+	}
+	if m := &opts.Migration; m.Mode == MigrationFileHandles && (m.ConfirmPaths || m.VerifyHandles) {
+		// As the Rust daemon: with file handles there is no path to
+		// confirm and nothing to verify.
+		return nil, fmt.Errorf("migration path confirmation and handle verification apply to find-paths mode only")
 	}
 	f := &FS{opts: opts, procSelfFD: -1}
 	xm, err := parseXattrMap(opts.XattrMap)

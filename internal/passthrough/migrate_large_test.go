@@ -114,7 +114,7 @@ func TestMigrateLarge(t *testing.T) {
 	runtime.ReadMemStats(&ms0)
 	peak = vmHWM(t)
 	start = time.Now()
-	if err := dst.LoadState(bytes.NewReader(b), src.caps.Load()); err != nil {
+	if err := dst.LoadState(bytes.NewReader(b), restoreCaps(src.caps.Load())); err != nil {
 		t.Fatal(err)
 	}
 	loadTime := time.Since(start)

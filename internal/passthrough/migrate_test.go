@@ -30,13 +30,51 @@ func newDest(t *testing.T, src *testFS, opts Options) *testFS {
 	return &testFS{FS: f, t: t, dir: src.dir, base: src.base, baseFDs: f.Stats().InodeFDs}
 }
 
+// testSession stands for the FUSE server's session record, which the file
+// system carries without reading it.
+var testSession = []byte("the FUSE server's session record")
+
 func save(t *testing.T, f *FS) []byte {
 	t.Helper()
 	var b bytes.Buffer
-	if err := f.SaveState(&b); err != nil {
+	if err := f.SaveState(&b, testSession); err != nil {
 		t.Fatalf("SaveState: %v", err)
 	}
 	return b.Bytes()
+}
+
+// restoreCaps is a restore callback that installs caps, as the FUSE
+// server does for a session record it accepts.
+func restoreCaps(caps uint64) func([]byte, bool, uint64) (uint64, error) {
+	return func([]byte, bool, uint64) (uint64, error) { return caps, nil }
+}
+
+// restoreArgs is what a LoadState passed its restore callback.
+type restoreArgs struct {
+	session    []byte
+	mounted    bool
+	negotiated uint64
+	calls      int
+}
+
+// recordRestore returns a restore callback that records its arguments
+// and installs caps.
+func recordRestore(a *restoreArgs, caps uint64) func([]byte, bool, uint64) (uint64, error) {
+	return func(session []byte, mounted bool, negotiated uint64) (uint64, error) {
+		a.session, a.mounted, a.negotiated = session, mounted, negotiated
+		a.calls++
+		return caps, nil
+	}
+}
+
+// record returns the record of node id in s, nil without one.
+func record(s *migState, id uint64) *inodeRecord {
+	for k := range s.Inodes {
+		if s.Inodes[k].ID == id {
+			return &s.Inodes[k]
+		}
+	}
+	return nil
 }
 
 func decoded(t *testing.T, b []byte) *migState {
@@ -136,15 +174,28 @@ func TestMigrateRoundTrip(t *testing.T) {
 	s := decoded(t, b)
 	paths := map[uint64]string{}
 	for _, r := range s.Inodes {
+		if r.Loc != locFullPath && r.ID != rootID {
+			t.Fatalf("record %+v", r)
+		}
 		paths[r.ID] = r.Path
 	}
 	if paths[d] != "d" || paths[f] != "d/f" || paths[l] != "d/l" || paths[fifo] != "fifo" {
 		t.Fatalf("paths %v", paths)
 	}
+	if r := record(s, d); r.Refcount != 2 || r.Type != unix.S_IFDIR {
+		t.Fatalf("record of d %+v", r)
+	}
+	if r := record(s, rootID); r.Loc != locRoot || r.Refcount != rootRefcount || len(s.Inodes) != 5 {
+		t.Fatalf("root record %+v of %d", r, len(s.Inodes))
+	}
+	if !s.Ours || !bytes.Equal(s.Session, testSession) || !s.V2 || !s.Opts.Writeback || !s.Opts.SuppGroups ||
+		s.Opts.PosixACL || s.Opts.AnnounceSubmounts {
+		t.Fatalf("state %+v", s)
+	}
 
 	dst := newDest(t, src, Options{Writeback: true, PosixLocks: true, Flock: true})
 	caps := src.caps.Load()
-	if err := dst.LoadState(bytes.NewReader(b), caps); err != nil {
+	if err := dst.LoadState(bytes.NewReader(b), restoreCaps(caps)); err != nil {
 		t.Fatalf("LoadState: %v", err)
 	}
 	sn, sh := src.ids()
@@ -247,7 +298,7 @@ func TestMigrateHostRename(t *testing.T) {
 			}
 
 			dst := newDest(t, src, Options{})
-			err := dst.LoadState(bytes.NewReader(b), src.caps.Load())
+			err := dst.LoadState(bytes.NewReader(b), restoreCaps(src.caps.Load()))
 			if !confirm {
 				if err == nil || !strings.Contains(err.Error(), "a/old") {
 					t.Fatalf("LoadState of a path gone: %v", err)
@@ -278,7 +329,7 @@ func TestMigrateUnreachable(t *testing.T) {
 		os.Remove(src.path("gone"))
 		b := save(t, src.FS)
 		for _, r := range decoded(t, b).Inodes {
-			if (r.ID == u || r.ID == gone) != r.Unreachable {
+			if (r.ID == u || r.ID == gone) != (r.Loc == locInvalid) {
 				t.Fatalf("record %+v", r)
 			}
 		}
@@ -293,7 +344,7 @@ func TestMigrateUnreachable(t *testing.T) {
 		prev := dst.lookup(rootID, "keep").NodeId
 		pfh := dst.open(prev, unix.O_RDONLY)
 		before, stats := openFDs(t), dst.Stats()
-		err := dst.LoadState(bytes.NewReader(b), src.caps.Load())
+		err := dst.LoadState(bytes.NewReader(b), restoreCaps(src.caps.Load()))
 		if err == nil || !strings.Contains(err.Error(), "unreachable") {
 			t.Fatalf("LoadState: %v", err)
 		}
@@ -308,7 +359,7 @@ func TestMigrateUnreachable(t *testing.T) {
 	t.Run("guest-error", func(t *testing.T) {
 		src, b, u, fh, gone, keep := mk(t)
 		dst := newDest(t, src, Options{PosixLocks: true, Flock: true, Migration: MigrationOptions{OnError: MigrationGuestError}})
-		if err := dst.LoadState(bytes.NewReader(b), src.caps.Load()); err != nil {
+		if err := dst.LoadState(bytes.NewReader(b), restoreCaps(src.caps.Load())); err != nil {
 			t.Fatal(err)
 		}
 		if got := dst.getattr(keep); got.Size != 1 {
@@ -322,9 +373,11 @@ func TestMigrateUnreachable(t *testing.T) {
 		if st := dst.Stats(); st != (Stats{InodeFDs: dst.baseFDs}) {
 			t.Fatalf("after release and forget: %+v", st)
 		}
-		// A stale inode saves as unreachable again.
+		// Nothing is left but the root.
 		for _, r := range decoded(t, save(t, dst.FS)).Inodes {
-			t.Fatalf("left over %+v", r)
+			if r.ID != rootID {
+				t.Fatalf("left over %+v", r)
+			}
 		}
 	})
 }
@@ -436,7 +489,7 @@ func TestMigrateStaleHandle(t *testing.T) {
 	ro := newDest(t, src, Options{ReadOnly: true})
 	loadFails(t, ro, b, "read-only")
 	dst := newDest(t, src, Options{ReadOnly: true, Migration: MigrationOptions{OnError: MigrationGuestError}})
-	if err := dst.LoadState(bytes.NewReader(b), src.caps.Load()); err != nil {
+	if err := dst.LoadState(bytes.NewReader(b), restoreCaps(src.caps.Load())); err != nil {
 		t.Fatal(err)
 	}
 	if got := dst.read(f, rfh, 0, 3); string(got) != "abc" {
@@ -466,17 +519,36 @@ func TestMigrateStaleHandle(t *testing.T) {
 	}
 }
 
+// A session that holds nothing but the root, and one that was never
+// mounted (no root either: the Rust daemon's state before INIT), which
+// leaves the destination without a session.
 func TestMigrateNoInodes(t *testing.T) {
 	src := newTestFS(t, Options{})
 	b := save(t, src.FS)
-	if s := decoded(t, b); len(s.Inodes) != 0 || len(s.Handles) != 0 {
+	if s := decoded(t, b); len(s.Inodes) != 1 || s.Inodes[0].Loc != locRoot || len(s.Handles) != 0 || s.NextInode != 2 {
 		t.Fatalf("%+v", s)
 	}
 	dst := newDest(t, src, Options{})
-	if err := dst.LoadState(bytes.NewReader(b), 0); err != nil {
+	var a restoreArgs
+	if err := dst.LoadState(bytes.NewReader(b), recordRestore(&a, dst.Capabilities())); err != nil {
 		t.Fatal(err)
 	}
+	if !a.mounted || !dst.initDone {
+		t.Fatalf("restore %+v, init %v", a, dst.initDone)
+	}
 	dst.lookupErr(rootID, "x")
+
+	src.Destroy()
+	b = save(t, src.FS)
+	if s := decoded(t, b); len(s.Inodes) != 0 || len(s.Handles) != 0 || s.Opts != (negotiatedOpts{}) {
+		t.Fatalf("%+v", s)
+	}
+	if err := dst.LoadState(bytes.NewReader(b), recordRestore(&a, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if a.mounted || dst.initDone || a.calls != 2 {
+		t.Fatalf("restore %+v, init %v", a, dst.initDone)
+	}
 }
 
 // The path collection can be cancelled and restarted, and Close stops it.
@@ -499,7 +571,7 @@ func TestMigrateCollection(t *testing.T) {
 	if len(c.paths) != 50 {
 		t.Fatalf("%d paths", len(c.paths))
 	}
-	if s := decoded(t, save(t, src.FS)); len(s.Inodes) != 50 {
+	if s := decoded(t, save(t, src.FS)); len(s.Inodes) != 51 {
 		t.Fatalf("%d inodes", len(s.Inodes))
 	}
 	src.PrepareMigration()
@@ -609,11 +681,12 @@ func smallState(t *testing.T) (*testFS, []byte) {
 	return src, save(t, src.FS)
 }
 
-// reencode encodes s with its checksum fixed up.
+// reencode writes s as it is, with its checksum fixed up: also records
+// encodeState would refuse, to see the decoder and LoadState refuse them.
 func reencode(t *testing.T, s *migState) []byte {
 	t.Helper()
 	var b bytes.Buffer
-	if err := encodeState(&b, s); err != nil {
+	if err := writeState(&b, s); err != nil {
 		t.Fatal(err)
 	}
 	return b.Bytes()
@@ -625,7 +698,7 @@ func loadFails(t *testing.T, dst *testFS, b []byte, want string) {
 	t.Helper()
 	before, stats := openFDs(t), dst.Stats()
 	nodes, handles := dst.ids()
-	err := dst.LoadState(bytes.NewReader(b), 0)
+	err := dst.LoadState(bytes.NewReader(b), restoreCaps(0))
 	if err == nil {
 		t.Fatalf("LoadState accepted it")
 	}
@@ -645,76 +718,116 @@ func TestLoadStateBadStreams(t *testing.T) {
 	keep := dst.lookup(rootID, "d").NodeId
 	dst.opendir(keep)
 
+	s0 := decoded(t, good)
+	msg := messageOnly(t, s0)
 	for n := range len(good) {
+		if n == len(msg) {
+			continue // the message alone is a Rust daemon's stream
+		}
 		loadFails(t, dst, good[:n], "")
 	}
-	loadFails(t, dst, append(slices.Clone(good), 0), "trailing")
-	loadFails(t, dst, []byte("GVFSPT\x00\x02rest"), "not a passthrough")
+	loadFails(t, dst, append(slices.Clone(good), 0), "bytes after the trailer")
+	loadFails(t, dst, []byte("GVFSFUSE\x01\x00\x00\x00"), "not a virtiofsd migration state")
+	loadFails(t, dst, append(slices.Clone(msg), "GVFSTAIX"...), "not a govirtiofsd trailer")
+	loadFails(t, dst, append(slices.Clone(msg), 0), "not a govirtiofsd trailer")
 	v2 := slices.Clone(good)
-	v2[8] = 2
-	loadFails(t, dst, v2, "version 2 is not supported")
+	v2[len(msg)+8] = 2
+	loadFails(t, dst, v2, "trailer version 2 is not supported")
 	bad := slices.Clone(good)
 	bad[len(bad)-10] ^= 1
 	loadFails(t, dst, bad, "checksum")
+	bad = slices.Clone(good)
+	bad[3] ^= 1 // the message is under the checksum too
+	loadFails(t, dst, bad, "")
 	for seed := range 64 {
 		junk := make([]byte, 1+seed*37)
 		for k := range junk {
 			junk[k] = byte(k*131 + seed*7)
 		}
 		loadFails(t, dst, junk, "")
-		loadFails(t, dst, append([]byte(stateMagic+"\x01\x00\x00\x00\x00\x00\x00\x00"), junk...), "")
+		loadFails(t, dst, append(slices.Clone(msg), junk...), "")
 	}
 	// Counts beyond the bounds are refused before anything is allocated.
-	huge := []byte(stateMagic + "\x01\x00\x00\x00\x00\x00\x00\x00\xff\xff\xff\xff")
-	loadFails(t, dst, huge, "inodes (max")
-	huge = []byte(stateMagic + "\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\xff\xff\xff\xff")
-	loadFails(t, dst, huge, "handles (max")
+	loadFails(t, dst, []byte{1, 0xff, 0xff, 0xff, 0xff, 0x0f}, "inode count")
+	loadFails(t, dst, []byte{1, 0, 2, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01}, "handle count")
+	huge := append(slices.Clone(msg), trailerMagic+"\x01\x00\x00\x00\xff\xff\xff\xff"...)
+	loadFails(t, dst, huge, "session record of")
 	// The size bound.
 	if _, err := decodeState(bytes.NewReader(good), int64(len(good)-1)); err == nil || !strings.Contains(err.Error(), "too large") {
 		t.Fatalf("size bound: %v", err)
 	}
 
 	// Well-formed streams whose records are wrong.
-	s0 := decoded(t, good)
 	var dirID, fileID uint64
 	for _, r := range s0.Inodes {
-		if r.Type == unix.S_IFDIR {
-			dirID = r.ID
-		} else {
+		switch r.Type {
+		case unix.S_IFDIR:
+			if r.ID != rootID {
+				dirID = r.ID
+			}
+		default:
 			fileID = r.ID
 		}
 	}
+	at := func(s *migState, id uint64) *inodeRecord { return record(s, id) }
 	edits := []struct {
 		name string
 		edit func(s *migState)
 		want string
 	}{
-		{"dup node", func(s *migState) { s.Inodes[1].ID = s.Inodes[0].ID }, "duplicate node id"},
-		{"node 0", func(s *migState) { s.Inodes[0].ID = 0 }, "reserved"},
-		{"root id", func(s *migState) { s.Inodes[0].ID = rootID }, "reserved"},
-		{"index range", func(s *migState) { s.Inodes[0].ID = maxSlots }, "out of range"},
-		{"nlookup 0", func(s *migState) { s.Inodes[0].Nlookup = 0 }, "lookup count 0"},
-		{"bad type", func(s *migState) { s.Inodes[0].Type = 0o170000 }, "bad file type"},
-		{"dotdot", func(s *migState) { s.Inodes[0].Path = "../x" }, `".." component`},
-		{"absolute", func(s *migState) { s.Inodes[0].Path = "/etc" }, "absolute"},
-		{"nul", func(s *migState) { s.Inodes[0].Path = "d\x00" }, "NUL"},
-		{"empty comp", func(s *migState) { s.Inodes[0].Path = "d//f" }, "empty component"},
-		{"empty", func(s *migState) { s.Inodes[0].Path = "" }, "empty path"},
+		{"dup node", func(s *migState) { at(s, fileID).ID = dirID }, "duplicate node id"},
+		{"node 0", func(s *migState) { at(s, fileID).ID = 0 }, "reserved"},
+		{"root id on a path", func(s *migState) { at(s, fileID).ID = rootID }, "the root is node 1"},
+		{"root location elsewhere", func(s *migState) { at(s, fileID).Loc = locRoot }, "the root is node 1"},
+		{"no root", func(s *migState) { s.Inodes = s.Inodes[1:] }, "without the root"},
+		{"root refcount", func(s *migState) { at(s, rootID).Refcount = 0 }, "refcount 0 below"},
+		{"bad type", func(s *migState) { at(s, fileID).Type = 0o170000 }, "bad file type"},
+		{"dotdot", func(s *migState) { at(s, fileID).Path = "../x" }, `".." component`},
+		{"absolute", func(s *migState) { at(s, fileID).Path = "/etc" }, "absolute"},
+		{"nul", func(s *migState) { at(s, fileID).Path = "d\x00" }, "NUL"},
+		{"empty comp", func(s *migState) { at(s, fileID).Path = "d//f" }, "empty component"},
+		{"empty", func(s *migState) { at(s, fileID).Path = "" }, "empty path"},
+		{"parent missing", func(s *migState) {
+			r := at(s, fileID)
+			r.Loc, r.Parent, r.Path = locPath, 77<<32, "f"
+		}, "parent 0x4d00000000 is missing"},
+		{"parent a file", func(s *migState) {
+			r := at(s, dirID)
+			r.Loc, r.Parent, r.Path = locPath, fileID, "d"
+		}, "is of type"},
+		{"parent cycle", func(s *migState) {
+			r := at(s, dirID)
+			r.Loc, r.Parent, r.Path = locPath, dirID, "d"
+		}, "its own parent"},
+		{"refcount below children", func(s *migState) {
+			r := at(s, fileID)
+			r.Loc, r.Parent, r.Path = locPath, dirID, "f"
+			at(s, dirID).Refcount = 0
+		}, "refcount 0 below its 1 child"},
+		{"empty handle", func(s *migState) {
+			r := at(s, fileID)
+			r.Loc, r.Handle = locFileHandle, fileHandleRecord{}
+		}, "file handle of 0 bytes"},
+		{"dup mount", func(s *migState) { s.MountPaths = []mountPath{{1, "."}, {1, "d"}} }, "given twice"},
+		{"mount path", func(s *migState) { s.MountPaths = []mountPath{{1, "../x"}} }, `".." component`},
 		{"dup handle", func(s *migState) { s.Handles[1].ID = s.Handles[0].ID }, "duplicate file handle"},
-		{"handle 0", func(s *migState) { s.Handles[0].ID = 0 }, "reserved"},
 		{"orphan handle", func(s *migState) { s.Handles[0].Inode = 77 << 32 }, "is missing"},
+		{"handle of a path-only inode", func(s *migState) {
+			r := at(s, fileID)
+			r.Loc, r.Parent, r.Path = locPath, dirID, "f"
+			at(s, dirID).Refcount = 1 // the child's reference only
+		}, "has no lookup"},
 		{"dir handle on file", func(s *migState) {
 			for k := range s.Handles {
 				s.Handles[k].Inode, s.Handles[k].Dir = fileID, true
 			}
 		}, "directory handle"},
+		{"writeback off here", func(s *migState) { s.Opts.Writeback = true }, "writeback"},
+		{"submounts off here", func(s *migState) { s.Opts.AnnounceSubmounts = true }, "announces submounts"},
+		{"acl off here", func(s *migState) { s.Opts.PosixACL = true }, "POSIX ACLs"},
 		{"escape by symlink", func(s *migState) {
 			os.Symlink("..", src.path("up"))
-			for k := range s.Inodes {
-				if s.Inodes[k].ID == dirID {
-					s.Inodes[k].Path = "up/share/d"
-				}
-			}
+			at(s, dirID).Path = "up/share/d"
 		}, ""},
 	}
 	for _, tc := range edits {
@@ -732,9 +845,18 @@ func TestLoadStateBadStreams(t *testing.T) {
 		})
 	}
 	// And the good one still loads.
-	if err := dst.LoadState(bytes.NewReader(good), 0); err != nil {
+	if err := dst.LoadState(bytes.NewReader(good), restoreCaps(0)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// messageOnly is the Rust message of s, without our trailer: what a Rust
+// virtiofsd would write for it.
+func messageOnly(t *testing.T, s *migState) []byte {
+	t.Helper()
+	c := *s
+	c.Ours = false
+	return reencode(t, &c)
 }
 
 // A state's path may name a symlink (the object), but never go through one.
@@ -747,20 +869,21 @@ func TestLoadStateTypeMismatch(t *testing.T) {
 	dst := newDest(t, src, Options{})
 	loadFails(t, dst, reencode(t, s), "type")
 	ge := newDest(t, src, Options{Migration: MigrationOptions{OnError: MigrationGuestError}})
-	if err := ge.LoadState(bytes.NewReader(good), 0); err != nil {
+	if err := ge.LoadState(bytes.NewReader(good), restoreCaps(0)); err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range s.Inodes {
-		if i := ge.nodes.get(r.ID); i == nil || i.stale != (r.Type == unix.S_IFREG) {
+		if i := ge.nodes.get(r.ID); r.ID != rootID && (i == nil || i.stale != (r.Type == unix.S_IFREG)) {
 			t.Fatalf("node %+v: %+v", r, i)
 		}
 	}
 }
 
 // FuzzLoadState: whatever the stream, LoadState returns (an error or not),
-// never panics, and a failed load leaves no fd open. With fixCRC the
-// section's checksum is recomputed, so that the fuzzer reaches validation
-// and reopening.
+// never panics, and a failed load leaves no fd open and the tables as they
+// were. With fixCRC the trailer's checksum is recomputed, so that the
+// fuzzer reaches validation and reopening. The seeds cover both formats:
+// ours, and the Rust daemon's (every location kind, V1 and V2).
 func FuzzLoadState(f *testing.F) {
 	base := f.TempDir()
 	share := filepath.Join(base, "share")
@@ -780,23 +903,31 @@ func FuzzLoadState(f *testing.F) {
 		}
 		return b.Bytes()
 	}
+	root := inodeRecord{ID: rootID, Refcount: 2, Loc: locRoot, Type: unix.S_IFDIR}
 	good := seed(&migState{
+		V2: true, Ours: true, Session: []byte("s"), NextInode: 1<<32 | 5, NextHandle: 1<<32 | 8,
 		Inodes: []inodeRecord{
-			{ID: 1<<32 | 2, Nlookup: 1, Type: unix.S_IFDIR, Path: "d"},
-			{ID: 1<<32 | 3, Nlookup: 3, Type: unix.S_IFREG, Path: "d/f"},
-			{ID: 1<<32 | 4, Nlookup: 1, Type: unix.S_IFREG, Unreachable: true},
+			root,
+			{ID: 1<<32 | 2, Refcount: 1, Loc: locFullPath, Type: unix.S_IFDIR, Path: "d"},
+			{ID: 1<<32 | 3, Refcount: 3, Loc: locFullPath, Type: unix.S_IFREG, Path: "d/f"},
+			{ID: 1<<32 | 4, Refcount: 1, Loc: locInvalid, Type: unix.S_IFREG},
 		},
 		Handles: []handleRecord{
-			{ID: 1<<32 | 5, Inode: 1<<32 | 3, Flags: unix.O_RDWR},
-			{ID: 1<<32 | 6, Inode: 1<<32 | 2, Dir: true},
-			{ID: 1<<32 | 7, Inode: rootID, Dir: true},
+			{ID: 1<<32 | 5, Inode: 1<<32 | 3, Flags: unix.O_RDWR, Known: true, HostFlags: unix.O_RDWR},
+			{ID: 1<<32 | 6, Inode: 1<<32 | 2, Flags: unix.O_DIRECTORY, Known: true, Dir: true},
+			{ID: 1<<32 | 7, Inode: rootID, Flags: unix.O_DIRECTORY, Known: true, Dir: true},
 		},
 	})
 	f.Add(good, false)
 	f.Add(good[:len(good)/2], true)
-	f.Add(seed(&migState{}), false)
-	f.Add(seed(&migState{Inodes: []inodeRecord{{ID: 9, Nlookup: 1, Type: unix.S_IFDIR, Path: "up/share"}}}), true)
-	f.Add([]byte(stateMagic), true)
+	f.Add(seed(&migState{Ours: true}), false)
+	f.Add(seed(&migState{V2: true, Ours: true, Inodes: []inodeRecord{root,
+		{ID: 9, Refcount: 1, Loc: locFullPath, Type: unix.S_IFDIR, Path: "up/share"}}}), true)
+	f.Add([]byte(trailerMagic), true)
+	for _, s := range rustSeeds() {
+		f.Add(seed(s), false)
+	}
+	f.Add(rustFixture(f), false)
 	f.Fuzz(func(t *testing.T, b []byte, fixCRC bool) {
 		if fixCRC && len(b) >= 4 {
 			b = slices.Clone(b)
@@ -804,7 +935,7 @@ func FuzzLoadState(f *testing.F) {
 			b[len(b)-4], b[len(b)-3], b[len(b)-2], b[len(b)-1] = byte(sum), byte(sum>>8), byte(sum>>16), byte(sum>>24)
 		}
 		before := fs.Stats()
-		err := fs.LoadState(bytes.NewReader(b), 0)
+		err := fs.LoadState(bytes.NewReader(b), restoreCaps(0))
 		if err != nil && fs.Stats() != before {
 			t.Fatalf("failed load changed the tables: %+v → %+v", before, fs.Stats())
 		}
@@ -833,7 +964,7 @@ func helperMigrateEMFILE(t *testing.T) {
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(before + 100), Max: rl.Max}); err != nil {
 		t.Fatal(err)
 	}
-	err := dst.LoadState(bytes.NewReader(b), src.caps.Load())
+	err := dst.LoadState(bytes.NewReader(b), restoreCaps(src.caps.Load()))
 	if err == nil || !strings.Contains(err.Error(), "too many open files") {
 		t.Fatalf("LoadState out of fds: %v", err)
 	}
@@ -841,7 +972,7 @@ func helperMigrateEMFILE(t *testing.T) {
 		t.Fatalf("fds %d → %d, stats %+v", before, n, dst.Stats())
 	}
 	unix.Setrlimit(unix.RLIMIT_NOFILE, &rl)
-	if err := dst.LoadState(bytes.NewReader(b), src.caps.Load()); err != nil {
+	if err := dst.LoadState(bytes.NewReader(b), restoreCaps(src.caps.Load())); err != nil {
 		t.Fatal(err)
 	}
 }

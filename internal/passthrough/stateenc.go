@@ -1,54 +1,98 @@
 package passthrough
 
 import (
-	"bufio"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
+	"unicode/utf8"
 )
 
-// The passthrough section of a migration stream (format version 1), all
-// integers little-endian:
+// The migration stream: ONE stream for both kinds of destination, a Rust
+// virtiofsd 1.13 and this daemon.
 //
-//	magic     8 bytes  "GVFSPT\x00\x01"
+//	stream  = message [trailer]
+//	message = the Rust daemon's PassthroughFs, postcard-encoded
+//	          (postcard.go), V2 when we write it
+//	trailer = ours: what the message cannot carry
+//
+// The Rust loader reads the pipe to its end and decodes the message with
+// postcard::from_bytes, which ignores what follows: it loads our streams
+// and never sees the trailer. We read the message, then the trailer if any
+// bytes follow; a stream without one comes from the Rust daemon (see
+// internal/fuse/state.go for how the FUSE session is then rebuilt).
+//
+// Ownership: this package writes and reads the whole stream and owns the
+// file system's records (the message, the trailer's file system part); the
+// FUSE server (internal/fuse) owns the session record, which it hands to
+// SaveState and gets back from LoadState as opaque bytes. That is the
+// whole interface between the two layers (fuse.MigratableFileSystem).
+//
+// The message (the Rust serialized.rs, 1.13; enum variant indexes as
+// varints, fields in order):
+//
+//	PassthroughFs = 0 V1 | 1 V2
+//	V1  = inodes: Vec<Inode>, next_inode: u64, handles: Vec<Handle>,
+//	      next_handle: u64, negotiated_opts: {writeback, announce_submounts,
+//	      posix_acl, sup_group_extension: bool}
+//	V2  = V1, mount_paths: HashMap<u64 mount id, String path in the share>
+//	Inode = id: u64, refcount: u64, location: InodeLocation,
+//	        file_handle: Option<FileHandle>
+//	InodeLocation = 0 RootNode | 1 Path{parent: u64, filename: String} |
+//	        2 Invalid | 3 FullPath{filename: String} |
+//	        4 FileHandle{handle: FileHandle}
+//	FileHandle = mnt_id: u64, handle_type: i32, handle: Vec<u8>
+//	Handle = id: u64, inode: u64, source: 0 OpenInode{flags: i32}
+//
+// What we write there: V2; the root as RootNode (refcount 2, the Rust
+// daemon's own, plus one per Path child); every other inode the guest holds
+// with refcount = its lookup count, as FullPath{path below the share}, or
+// with --migration-verify-handles as Path{parent: 1, filename: that path}
+// (the 1.13 loader compares file handles for Path, not for FullPath; the
+// root's refcount then counts those children), as FileHandle in
+// file-handles mode, or Invalid when the source has no way to it;
+// mount_paths only in file-handles mode; next_inode and next_handle above
+// every id in use. Handles as OpenInode with the flags the Rust daemon
+// records (O_DIRECTORY for OPENDIR, no O_APPEND).
+//
+// The trailer, integers little-endian:
+//
+//	magic     8 bytes  "GVFSTAIL"
 //	version   u32      1
-//	reserved  u32      0
-//	ninodes   u32      ≤ maxStateInodes
-//	ninodes × inode:
-//	    id       u64   node id
-//	    nlookup  u64   the guest's lookup count
-//	    type     u32   S_IFMT bits
-//	    state    u8    0 path follows, 1 unreachable (pathlen 0)
-//	    pathlen  u16   ≤ maxStatePath
-//	    path     pathlen bytes, relative to the shared directory
-//	nhandles  u32      ≤ maxStateHandles
-//	nhandles × handle:
-//	    id       u64   file handle
-//	    inode    u64   node id (1 for the shared directory)
-//	    flags    u32   host open flags (no O_CREAT, O_EXCL, O_TRUNC, O_CLOEXEC)
+//	session   u32 length ≤ maxSessionRecord, then the FUSE server's
+//	          session record
+//	ninodes   u32      = the message's inode count
+//	ninodes × (in the message's order)
+//	    type     u32   S_IFMT bits (0: unknown)
+//	    pathlen  u16   ≤ maxStatePath: a path the message could not carry
+//	    path     pathlen bytes (not UTF-8: the message says Invalid)
+//	nhandles  u32      = the message's handle count
+//	nhandles × (in the message's order)
 //	    kind     u8    0 file, 1 directory
-//	crc       u32      CRC-32C (Castagnoli) of every byte above
+//	    flags    u32   our host open flags (no O_CREAT, O_EXCL, O_TRUNC,
+//	                   O_CLOEXEC)
+//	crc       u32      CRC-32C (Castagnoli) of every byte before it, the
+//	                   message's included
 //	end of stream
 //
-// The decoder reads the whole section into records (migState), checking
-// every count and length against its bound before allocating for it, and
-// fails on a short stream, bytes after the checksum, a checksum mismatch or
-// more than maxStateSize bytes; only then are the records validated and
-// reopened. The checksum catches a corrupted or mis-framed stream (a bug,
-// a wrong pipe), not an attacker: the state comes from the VMM.
+// The decoder checks every count and length against its bound before
+// allocating for it, refuses a stream beyond maxStateSize, bytes after the
+// message that are not a trailer, a trailer of another version, one that
+// does not match the message, a checksum mismatch, and anything after the
+// trailer. The checksum catches a corrupted or mis-framed stream (a bug, a
+// wrong pipe), not an attacker: the state comes from the VMM.
 
 const (
-	stateMagic   = "GVFSPT\x00\x01"
-	stateVersion = 1
+	trailerMagic   = "GVFSTAIL"
+	trailerVersion = 1
 	// maxStateSize bounds what LoadState reads.
 	maxStateSize = 1 << 30
-)
 
-const (
-	inodeHasPath     = 0
-	inodeUnreachable = 1
+	// PassthroughFs variants.
+	stateV1 = 0
+	stateV2 = 1
+	// HandleSource::OpenInode.
+	sourceOpenInode = 0
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -56,225 +100,309 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // errStateTooLarge is returned for a stream beyond the size bound.
 var errStateTooLarge = errors.New("migration state too large")
 
-type stateEncoder struct {
-	w   *bufio.Writer
-	crc uint32
-	b   [8]byte
-	err error
-}
-
-func (e *stateEncoder) raw(p []byte) {
-	if e.err != nil {
-		return
-	}
-	e.crc = crc32.Update(e.crc, castagnoli, p)
-	_, e.err = e.w.Write(p)
-}
-
-func (e *stateEncoder) u8(v uint8) { e.b[0] = v; e.raw(e.b[:1]) }
-func (e *stateEncoder) u16(v uint16) {
-	binary.LittleEndian.PutUint16(e.b[:], v)
-	e.raw(e.b[:2])
-}
-func (e *stateEncoder) u32(v uint32) {
-	binary.LittleEndian.PutUint32(e.b[:], v)
-	e.raw(e.b[:4])
-}
-func (e *stateEncoder) u64(v uint64) {
-	binary.LittleEndian.PutUint64(e.b[:], v)
-	e.raw(e.b[:8])
-}
-
-// encodeState writes s in format version 1. It refuses records the decoder
-// would refuse, so a source never sends a state no destination can read.
+// encodeState writes s: the message, then (s.Ours) the trailer. It refuses
+// records the decoder would refuse, so a source never sends a state no
+// destination can read.
 func encodeState(w io.Writer, s *migState) error {
-	if len(s.Inodes) > maxStateInodes || len(s.Handles) > maxStateHandles {
-		return fmt.Errorf("encode migration state: %d inodes, %d handles (max %d, %d)",
-			len(s.Inodes), len(s.Handles), maxStateInodes, maxStateHandles)
+	if err := s.encodable(); err != nil {
+		return fmt.Errorf("encode migration state: %w", err)
 	}
-	e := &stateEncoder{w: bufio.NewWriterSize(w, 64<<10)}
-	e.raw([]byte(stateMagic))
-	e.u32(stateVersion)
-	e.u32(0)
-	e.u32(uint32(len(s.Inodes)))
+	return writeState(w, s)
+}
+
+// encodable checks what encodeState needs of s.
+func (s *migState) encodable() error {
+	if len(s.Inodes) > maxStateInodes || len(s.Handles) > maxStateHandles || len(s.MountPaths) > maxStateMounts ||
+		len(s.Session) > maxSessionRecord {
+		return fmt.Errorf("%d inodes, %d handles, %d mounts, session of %d bytes",
+			len(s.Inodes), len(s.Handles), len(s.MountPaths), len(s.Session))
+	}
 	for k := range s.Inodes {
-		r := &s.Inodes[k]
-		if len(r.Path) > maxStatePath {
-			return fmt.Errorf("encode migration state: node %#x: path of %d bytes", r.ID, len(r.Path))
-		}
-		e.u64(r.ID)
-		e.u64(r.Nlookup)
-		e.u32(r.Type)
-		if r.Unreachable {
-			e.u8(inodeUnreachable)
-			e.u16(0)
-			continue
-		}
-		e.u8(inodeHasPath)
-		e.u16(uint16(len(r.Path)))
-		if e.err == nil {
-			e.crc = crc32.Update(e.crc, castagnoli, []byte(r.Path))
-			_, e.err = e.w.WriteString(r.Path)
+		if err := s.Inodes[k].encodable(); err != nil {
+			return fmt.Errorf("node %#x: %w", s.Inodes[k].ID, err)
 		}
 	}
-	e.u32(uint32(len(s.Handles)))
-	for k := range s.Handles {
-		h := &s.Handles[k]
-		e.u64(h.ID)
-		e.u64(h.Inode)
-		e.u32(h.Flags)
-		var kind uint8
-		if h.Dir {
-			kind = 1
+	if !s.V2 && len(s.MountPaths) > 0 {
+		return fmt.Errorf("mount paths in V1")
+	}
+	for _, m := range s.MountPaths {
+		if checkMountPath(m.Path) != nil || !utf8.ValidString(m.Path) {
+			return fmt.Errorf("mount %d: bad path %q", m.MountID, m.Path)
 		}
-		e.u8(kind)
-	}
-	crc := e.crc
-	e.u32(crc)
-	if e.err == nil {
-		e.err = e.w.Flush()
-	}
-	if e.err != nil {
-		return fmt.Errorf("write migration state: %w", e.err)
 	}
 	return nil
 }
 
-type stateDecoder struct {
-	r     *bufio.Reader
-	crc   uint32
-	n     int64 // bytes read
-	limit int64
-	b     [8]byte
-	err   error
+// writeState writes s as it is (encodeState checks it first).
+func writeState(w io.Writer, s *migState) error {
+	e := newPCWriter(w)
+	if s.V2 {
+		e.u32(stateV2)
+	} else {
+		e.u32(stateV1)
+	}
+	e.u64(uint64(len(s.Inodes)))
+	for k := range s.Inodes {
+		r := &s.Inodes[k]
+		e.u64(r.ID)
+		e.u64(r.Refcount)
+		e.u32(uint32(r.Loc))
+		switch r.Loc {
+		case locPath:
+			e.u64(r.Parent)
+			e.str(r.Path)
+		case locFullPath:
+			e.str(r.Path)
+		case locFileHandle:
+			e.fileHandle(&r.Handle)
+		}
+		e.boolean(r.Verify != nil)
+		if r.Verify != nil {
+			e.fileHandle(r.Verify)
+		}
+	}
+	e.u64(s.NextInode)
+	e.u64(uint64(len(s.Handles)))
+	for k := range s.Handles {
+		h := &s.Handles[k]
+		e.u64(h.ID)
+		e.u64(h.Inode)
+		e.u32(sourceOpenInode)
+		e.i32(h.Flags)
+	}
+	e.u64(s.NextHandle)
+	e.boolean(s.Opts.Writeback)
+	e.boolean(s.Opts.AnnounceSubmounts)
+	e.boolean(s.Opts.PosixACL)
+	e.boolean(s.Opts.SuppGroups)
+	if s.V2 {
+		e.u64(uint64(len(s.MountPaths)))
+		for _, m := range s.MountPaths {
+			e.u64(m.MountID)
+			e.str(m.Path)
+		}
+	}
+	if s.Ours {
+		e.raw([]byte(trailerMagic))
+		e.le32(trailerVersion)
+		e.le32(uint32(len(s.Session)))
+		e.raw(s.Session)
+		e.le32(uint32(len(s.Inodes)))
+		for k := range s.Inodes {
+			r := &s.Inodes[k]
+			e.le32(r.Type)
+			e.le16(uint16(len(r.RawPath)))
+			e.raw([]byte(r.RawPath))
+		}
+		e.le32(uint32(len(s.Handles)))
+		for k := range s.Handles {
+			h := &s.Handles[k]
+			var kind uint8
+			if h.Dir {
+				kind = 1
+			}
+			e.u8(kind)
+			e.le32(h.HostFlags)
+		}
+		e.le32(e.crc)
+	}
+	if err := e.flush(); err != nil {
+		return fmt.Errorf("write migration state: %w", err)
+	}
+	return nil
 }
 
-// read fills p, failing on a short stream or one beyond the limit.
-func (d *stateDecoder) read(p []byte, what string) {
-	if d.err != nil {
-		return
+// encodable checks what the message needs of a record.
+func (r *inodeRecord) encodable() error {
+	switch r.Loc {
+	case locPath, locFullPath:
+		if !utf8.ValidString(r.Path) || checkStatePath(r.Path) != nil {
+			return fmt.Errorf("bad path %q", r.Path)
+		}
+	case locFileHandle:
+		if err := r.Handle.check(); err != nil {
+			return err
+		}
+	case locRoot, locInvalid:
+	default:
+		return fmt.Errorf("location kind %d", r.Loc)
 	}
-	if d.n+int64(len(p)) > d.limit {
-		d.err = fmt.Errorf("%w: more than %d bytes", errStateTooLarge, d.limit)
-		return
+	if r.Verify != nil {
+		if err := r.Verify.check(); err != nil {
+			return err
+		}
 	}
-	n, err := io.ReadFull(d.r, p)
-	d.n += int64(n)
-	switch {
-	case err == io.EOF || err == io.ErrUnexpectedEOF:
-		d.err = fmt.Errorf("truncated migration state: it ends in %s (after %d bytes)", what, d.n)
-		return
-	case err != nil:
-		d.err = fmt.Errorf("read migration state (%s, after %d bytes): %w", what, d.n, err)
-		return
+	if len(r.RawPath) > maxStatePath {
+		return fmt.Errorf("path of %d bytes", len(r.RawPath))
 	}
-	d.crc = crc32.Update(d.crc, castagnoli, p)
+	return nil
 }
 
-func (d *stateDecoder) u8(what string) uint8 {
-	d.read(d.b[:1], what)
-	return d.b[0]
-}
-func (d *stateDecoder) u16(what string) uint16 {
-	d.read(d.b[:2], what)
-	return binary.LittleEndian.Uint16(d.b[:])
-}
-func (d *stateDecoder) u32(what string) uint32 {
-	d.read(d.b[:4], what)
-	return binary.LittleEndian.Uint32(d.b[:])
-}
-func (d *stateDecoder) u64(what string) uint64 {
-	d.read(d.b[:8], what)
-	return binary.LittleEndian.Uint64(d.b[:])
+func (e *pcWriter) fileHandle(h *fileHandleRecord) {
+	e.u64(h.MountID)
+	e.i32(h.Type)
+	e.bytes(h.Bytes)
 }
 
-// decodeState reads a whole passthrough section from r, to end of stream,
-// reading at most limit bytes. The records it returns are not validated.
+func (d *pcReader) fileHandle(what string) fileHandleRecord {
+	return fileHandleRecord{
+		MountID: d.u64(what),
+		Type:    d.i32(what),
+		Bytes:   d.bytes(maxHandleBytes, what),
+	}
+}
+
+// decodeState reads a whole stream from r, to its end, reading at most
+// limit bytes. The records it returns are not validated.
 func decodeState(r io.Reader, limit int64) (*migState, error) {
-	d := &stateDecoder{r: bufio.NewReaderSize(r, 64<<10), limit: limit}
-	var magic [len(stateMagic)]byte
-	d.read(magic[:], "the magic")
-	if d.err != nil {
-		return nil, d.err
+	d := newPCReader(r, limit)
+	s, err := d.message()
+	if err != nil {
+		return nil, fmt.Errorf("migration state: %w", err)
 	}
-	if string(magic[:]) != stateMagic {
-		return nil, fmt.Errorf("not a passthrough migration state (magic %q)", magic[:])
+	if eof, err := d.atEOF(); err != nil || eof {
+		return s, err
 	}
-	if v := d.u32("the version"); d.err == nil && v != stateVersion {
-		return nil, fmt.Errorf("passthrough migration state version %d is not supported (this daemon reads %d)", v, stateVersion)
-	}
-	if res := d.u32("the header"); d.err == nil && res != 0 {
-		return nil, fmt.Errorf("passthrough migration state: reserved header field %#x is not 0", res)
-	}
-	n := d.u32("the inode count")
-	if d.err != nil {
-		return nil, d.err
-	}
-	if n > maxStateInodes {
-		return nil, fmt.Errorf("passthrough migration state: %d inodes (max %d)", n, maxStateInodes)
-	}
-	// Grow with what the stream really holds, not with what it claims.
-	s := &migState{Inodes: make([]inodeRecord, 0, min(n, 4096))}
-	var path [maxStatePath]byte
-	for k := uint32(0); k < n && d.err == nil; k++ {
-		r := inodeRecord{
-			ID:      d.u64("an inode"),
-			Nlookup: d.u64("an inode"),
-			Type:    d.u32("an inode"),
-		}
-		st := d.u8("an inode")
-		plen := d.u16("an inode")
-		if d.err != nil {
-			break
-		}
-		switch {
-		case st > inodeUnreachable:
-			return nil, fmt.Errorf("passthrough migration state: inode %d: bad state %d", k, st)
-		case plen > maxStatePath:
-			return nil, fmt.Errorf("passthrough migration state: inode %d: path of %d bytes (max %d)", k, plen, maxStatePath)
-		case st == inodeUnreachable && plen != 0:
-			return nil, fmt.Errorf("passthrough migration state: inode %d: unreachable with a path", k)
-		}
-		r.Unreachable = st == inodeUnreachable
-		d.read(path[:plen], "a path")
-		r.Path = string(path[:plen])
-		s.Inodes = append(s.Inodes, r)
-	}
-	n = d.u32("the handle count")
-	if d.err != nil {
-		return nil, d.err
-	}
-	if n > maxStateHandles {
-		return nil, fmt.Errorf("passthrough migration state: %d handles (max %d)", n, maxStateHandles)
-	}
-	s.Handles = make([]handleRecord, 0, min(n, 4096))
-	for k := uint32(0); k < n && d.err == nil; k++ {
-		h := handleRecord{ID: d.u64("a handle"), Inode: d.u64("a handle"), Flags: d.u32("a handle")}
-		kind := d.u8("a handle")
-		if d.err != nil {
-			break
-		}
-		if kind > 1 {
-			return nil, fmt.Errorf("passthrough migration state: handle %d: bad kind %d", k, kind)
-		}
-		h.Dir = kind == 1
-		s.Handles = append(s.Handles, h)
-	}
-	sum := d.crc
-	got := d.u32("the checksum")
-	if d.err != nil {
-		return nil, d.err
-	}
-	if got != sum {
-		return nil, fmt.Errorf("passthrough migration state: checksum %#08x, computed %#08x", got, sum)
-	}
-	// Nothing may follow (a longer stream is another format, or two).
-	var one [1]byte
-	switch m, err := io.ReadFull(d.r, one[:]); {
-	case m > 0:
-		return nil, fmt.Errorf("passthrough migration state: trailing bytes after %d bytes", d.n)
-	case err != io.EOF:
-		return nil, fmt.Errorf("read migration state (its end, after %d bytes): %w", d.n, err)
+	if err := d.trailer(s); err != nil {
+		return nil, fmt.Errorf("migration state: %w", err)
 	}
 	return s, nil
+}
+
+// message decodes the Rust PassthroughFs.
+func (d *pcReader) message() (*migState, error) {
+	s := &migState{}
+	switch v := d.u32("the version"); {
+	case d.err != nil:
+		return nil, d.err
+	case v == stateV2:
+		s.V2 = true
+	case v != stateV1:
+		return nil, fmt.Errorf("not a virtiofsd migration state (version variant %d; V1 is 0, V2 is 1)", v)
+	}
+	n := d.count(maxStateInodes, "the inode count")
+	// Grow with what the stream really holds, not with what it claims.
+	s.Inodes = make([]inodeRecord, 0, min(n, 4096))
+	for k := 0; k < n && d.err == nil; k++ {
+		r := inodeRecord{ID: d.u64("an inode"), Refcount: d.u64("an inode"), Loc: locKind(d.u32("an inode location"))}
+		switch r.Loc {
+		case locRoot, locInvalid:
+		case locPath:
+			r.Parent = d.u64("a path location")
+			r.Path = d.str(maxStatePath, "a path location")
+		case locFullPath:
+			r.Path = d.str(maxStatePath, "a full path location")
+		case locFileHandle:
+			r.Handle = d.fileHandle("a file handle location")
+		default:
+			if d.err == nil {
+				return nil, fmt.Errorf("inode %d: unknown location variant %d", k, r.Loc)
+			}
+		}
+		if d.option("an inode's file handle") {
+			h := d.fileHandle("an inode's file handle")
+			r.Verify = &h
+		}
+		s.Inodes = append(s.Inodes, r)
+	}
+	s.NextInode = d.u64("next_inode")
+	n = d.count(maxStateHandles, "the handle count")
+	s.Handles = make([]handleRecord, 0, min(n, 4096))
+	for k := 0; k < n && d.err == nil; k++ {
+		h := handleRecord{ID: d.u64("a handle"), Inode: d.u64("a handle")}
+		if src := d.u32("a handle source"); d.err == nil && src != sourceOpenInode {
+			return nil, fmt.Errorf("handle %d: unknown source variant %d", k, src)
+		}
+		h.Flags = d.i32("a handle's flags")
+		s.Handles = append(s.Handles, h)
+	}
+	s.NextHandle = d.u64("next_handle")
+	s.Opts = negotiatedOpts{
+		Writeback:         d.boolean("negotiated_opts"),
+		AnnounceSubmounts: d.boolean("negotiated_opts"),
+		PosixACL:          d.boolean("negotiated_opts"),
+		SuppGroups:        d.boolean("negotiated_opts"),
+	}
+	if s.V2 {
+		n = d.count(maxStateMounts, "the mount path count")
+		s.MountPaths = make([]mountPath, 0, min(n, 64))
+		for k := 0; k < n && d.err == nil; k++ {
+			s.MountPaths = append(s.MountPaths, mountPath{MountID: d.u64("a mount path"), Path: d.str(maxStatePath, "a mount path")})
+		}
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	return s, nil
+}
+
+// trailer decodes our trailer into s, to the end of the stream.
+func (d *pcReader) trailer(s *migState) error {
+	end := d.n
+	var magic [len(trailerMagic)]byte
+	k, _ := io.ReadFull(d.r, magic[:])
+	d.crc = crc32.Update(d.crc, castagnoli, magic[:k])
+	d.n += int64(k)
+	switch {
+	case string(magic[:k]) != trailerMagic[:k]:
+		return fmt.Errorf("the bytes after the %d-byte message are not a govirtiofsd trailer (they start %q)", end, magic[:k])
+	case k < len(magic):
+		return fmt.Errorf("the trailer (after %d bytes): %w", d.n, errTruncated)
+	}
+	if v := d.le32("the trailer version"); d.err == nil && v != trailerVersion {
+		return fmt.Errorf("trailer version %d is not supported (this daemon reads %d)", v, trailerVersion)
+	}
+	if n := d.le32("the session record"); d.err == nil {
+		if n > maxSessionRecord {
+			return fmt.Errorf("session record of %d bytes (max %d)", n, maxSessionRecord)
+		}
+		s.Session = make([]byte, n)
+		d.read(s.Session, "the session record")
+	}
+	if n := d.le32("the trailer's inode count"); d.err == nil && int(n) != len(s.Inodes) {
+		return fmt.Errorf("the trailer describes %d inodes, the message has %d", n, len(s.Inodes))
+	}
+	var path [maxStatePath]byte
+	for k := 0; k < len(s.Inodes) && d.err == nil; k++ {
+		r := &s.Inodes[k]
+		r.Type = d.le32("the trailer's inodes")
+		n := d.le16("the trailer's inodes")
+		if d.err != nil {
+			break
+		}
+		if n > maxStatePath {
+			return fmt.Errorf("trailer: node %#x: path of %d bytes (max %d)", r.ID, n, maxStatePath)
+		}
+		d.read(path[:n], "the trailer's inodes")
+		r.RawPath = string(path[:n])
+	}
+	if n := d.le32("the trailer's handle count"); d.err == nil && int(n) != len(s.Handles) {
+		return fmt.Errorf("the trailer describes %d handles, the message has %d", n, len(s.Handles))
+	}
+	for k := 0; k < len(s.Handles) && d.err == nil; k++ {
+		h := &s.Handles[k]
+		kind := d.u8("the trailer's handles")
+		h.HostFlags = d.le32("the trailer's handles")
+		if d.err == nil && kind > 1 {
+			return fmt.Errorf("trailer: handle %#x: kind %d", h.ID, kind)
+		}
+		h.Known, h.Dir = true, kind == 1
+	}
+	sum := d.crc
+	got := d.le32("the checksum")
+	if d.err != nil {
+		return d.err
+	}
+	if got != sum {
+		return fmt.Errorf("checksum %#08x, computed %#08x", got, sum)
+	}
+	// Nothing may follow (a longer stream is another format, or two).
+	switch eof, err := d.atEOF(); {
+	case err != nil:
+		return err
+	case !eof:
+		return fmt.Errorf("bytes after the trailer (at byte %d)", d.n)
+	}
+	s.Ours = true
+	return nil
 }
