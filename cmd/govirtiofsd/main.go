@@ -54,8 +54,11 @@ func main() {
 // newCommand returns the command line; stop carries the exit signals
 // (exitSignals), nil where the command is only parsed.
 func newCommand(stop chan os.Signal) *cobra.Command {
+	// announce_submounts is on by default, as in the Rust virtiofsd 1.13:
+	// a migration from it carries the setting, and a destination with it
+	// off refuses the state.
 	o := &Options{FD: -1, Queues: vhostuser.MaxRings - 1, LogLevel: "info", Cache: "auto", InodeFileHandles: "never",
-		ThreadPoolSize: -1, RlimitNofile: -1, MigrationMode: "find-paths", MigrationOnError: "abort"}
+		ThreadPoolSize: -1, RlimitNofile: -1, MigrationMode: "find-paths", MigrationOnError: "abort", AnnounceSubmounts: true}
 	cmd := &cobra.Command{
 		Use:           "govirtiofsd --socket-path PATH --shared-dir DIR",
 		Short:         "virtio-fs daemon: share a host directory with a virtual machine",

@@ -927,7 +927,11 @@ func FuzzLoadState(f *testing.F) {
 	for _, s := range rustSeeds() {
 		f.Add(seed(s), false)
 	}
-	f.Add(rustFixture(f), false)
+	for _, name := range []string{"rust-1.13", "govirtiofsd"} {
+		if b, err := os.ReadFile(filepath.Join("testdata", name+".state")); err == nil {
+			f.Add(b, false)
+		}
+	}
 	f.Fuzz(func(t *testing.T, b []byte, fixCRC bool) {
 		if fixCRC && len(b) >= 4 {
 			b = slices.Clone(b)

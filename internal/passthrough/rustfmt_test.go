@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"hash/crc32"
 	"math"
-	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -280,15 +279,3 @@ func rustSeeds() []*migState {
 		{NextInode: 3, Inodes: []inodeRecord{root, {ID: 2, Refcount: 1, Loc: locPath, Parent: rootID, Path: "up/share"}}},
 	}
 }
-
-// rustFixture is the state the Rust virtiofsd 1.13 wrote (testdata), or
-// nil when it is absent.
-func rustFixture(tb testing.TB) []byte {
-	b, err := os.ReadFile(rustFixturePath)
-	if err != nil {
-		return nil
-	}
-	return b
-}
-
-const rustFixturePath = "testdata/rust-1.13.state"
