@@ -201,15 +201,22 @@ func encodeSession(ss *session) []byte {
 	return b
 }
 
+// rustHarmless are capabilities of ours the Rust daemon does not
+// negotiate that do not matter to it: EXPORT_SUPPORT (the guest looks up
+// "." and ".." only to export the mount over NFS, which its LOOKUP also
+// answers) and HAS_EXPIRE_ONLY (the kernel's, for notifications neither
+// daemon sends).
+const rustHarmless = gofuse.CAP_EXPORT_SUPPORT | gofuse.CAP_HAS_EXPIRE_ONLY
+
 // warnRust logs what of the session a Rust virtiofsd 1.13 destination
 // would not serve: the stream loads there, but the guest keeps what it
-// negotiated here.
+// negotiated here (POSIX and flock locks: it answers ENOSYS).
 func (s *Server) warnRust(ss *session) {
 	if ss == nil {
 		return
 	}
 	var lacks []string
-	if c := ss.caps &^ (rustSupported | rustOptional); c != 0 {
+	if c := ss.caps &^ (rustSupported | rustOptional | rustHarmless); c != 0 {
 		lacks = append(lacks, "capabilities "+capNames(c))
 	}
 	if ss.minor > rustMinor {
@@ -219,8 +226,8 @@ func (s *Server) warnRust(ss *session) {
 		lacks = append(lacks, fmt.Sprintf("max_write %d (it refuses requests beyond %d)", ss.maxWrite, rustMaxWrite))
 	}
 	if len(lacks) > 0 {
-		s.log.Warn("FUSE session: a Rust virtiofsd 1.13 destination would not serve "+strings.Join(lacks, ", ")+
-			" (locks would fail there)", "flags", ss.caps)
+		s.log.Warn("FUSE session: a Rust virtiofsd 1.13 destination would not serve "+strings.Join(lacks, ", "),
+			"flags", ss.caps)
 	}
 }
 
@@ -231,8 +238,7 @@ func capNames(c uint64) string {
 		bit  uint64
 		name string
 	}{
-		{gofuse.CAP_POSIX_LOCKS, "POSIX_LOCKS"}, {gofuse.CAP_FLOCK_LOCKS, "FLOCK_LOCKS"},
-		{gofuse.CAP_EXPORT_SUPPORT, "EXPORT_SUPPORT"}, {gofuse.CAP_HAS_EXPIRE_ONLY, "HAS_EXPIRE_ONLY"},
+		{gofuse.CAP_POSIX_LOCKS, "POSIX_LOCKS (locks fail there)"}, {gofuse.CAP_FLOCK_LOCKS, "FLOCK_LOCKS (flock fails there)"},
 	}
 	var out []string
 	for _, n := range names {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"log/slog"
 	"slices"
 	"strings"
 	"syscall"
@@ -404,4 +405,27 @@ func FuzzLoadSessionRecord(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The save logs what a Rust virtiofsd 1.13 destination would not serve:
+// locks, a max_write beyond its 1 MiB; nothing for a session it serves.
+func TestStateWarnRust(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ss   *session
+		want string // "" for no warning
+	}{
+		{"none", nil, ""},
+		{"rust's own", &session{minor: 38, caps: linux612Rust | gofuse.CAP_EXPORT_SUPPORT, maxWrite: 1 << 20}, ""},
+		{"locks", &session{minor: 38, caps: linux612Rust | gofuse.CAP_POSIX_LOCKS | gofuse.CAP_FLOCK_LOCKS, maxWrite: 1 << 20},
+			"capabilities POSIX_LOCKS (locks fail there)|FLOCK_LOCKS (flock fails there)"},
+		{"max_write", &session{minor: 38, caps: linux612Rust, maxWrite: 4 << 20}, "max_write 4194304"},
+	} {
+		var buf bytes.Buffer
+		s := NewServer(newFakeFS(), ServerOptions{}, slog.New(slog.NewTextHandler(&buf, nil)))
+		s.warnRust(tc.ss)
+		if got := buf.String(); (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("%s: logged %q, want %q", tc.name, got, tc.want)
+		}
+	}
 }

@@ -1215,16 +1215,17 @@ func (f *FS) reopenHandle(i *inode, dir bool, flags uint32, writeback bool) (int
 }
 
 // install replaces the session with the staged objects. Ids the tables
-// cannot hold in a slot go to their overflow maps; the slots used are
-// bounded in proportion to the state, so a foreign state's large ids do not
-// grow the free lists.
+// cannot hold in a slot go to their overflow maps; only indexes below 1M
+// plus four per record take a slot, so a foreign state's large ids do not
+// grow the free lists (4 bytes per index below a slot used) beyond a few
+// MB.
 func (f *FS) install(st *staged, caps uint64) error {
 	f.stopCollecting(true)
 	f.sessionMu.Lock()
 	defer f.sessionMu.Unlock()
 	f.reset()
 	f.setSession(caps)
-	limit := uint32(min(maxSlots, 4*(len(st.inodes)+len(st.handles))+1<<16))
+	limit := uint32(min(maxSlots, 4*(len(st.inodes)+len(st.handles))+1<<20))
 	var overNodes, overHandles int
 	for k, i := range st.inodes {
 		ks := &f.keys[i.key.hash()%keyShards]

@@ -95,7 +95,9 @@ func TestMigrateFromRust(t *testing.T) {
 			t.Fatalf("node %#x: nlookup %d, want %d", id, got, n)
 		}
 	}
-	if st := dst.Stats(); st.Inodes != 5 || st.Handles != 3 || st.InodeFDs != dst.baseFDs+4 || st.HandleFDs != 3 {
+	// Four O_PATH fds (b, c, file1, x; a's is closed), none held by
+	// file handle.
+	if st := dst.Stats(); st.Inodes != 5 || st.Handles != 3 || (st.InodeFDs != dst.baseFDs+4 && !dst.useHandles) || st.HandleFDs != 3 {
 		t.Fatalf("stats %+v", st)
 	}
 	// Served at the Rust daemon's ids, handle 0 included.
@@ -258,6 +260,15 @@ func TestMigrateIDCollision(t *testing.T) {
 	n2, h2 := third.ids()
 	if !slices.Equal(n1, n2) || !slices.Equal(h1, h2) {
 		t.Fatal("ids differ after ours → ours")
+	}
+	// And ours → the Rust format (the message alone) → ours.
+	fourth := newDest(t, src, Options{})
+	if err := fourth.LoadState(bytes.NewReader(messageOnly(t, s2)), restoreCaps(dst.caps.Load())); err != nil {
+		t.Fatal(err)
+	}
+	check(fourth)
+	if n4, h4 := fourth.ids(); !slices.Equal(n1, n4) || !slices.Equal(h1, h4) {
+		t.Fatal("ids differ after ours → Rust format → ours")
 	}
 	// FORGET and RELEASE of overflow ids and of slot ids: the freed
 	// slots 3 come back under generations the overflow maps do not hold.
