@@ -10,7 +10,11 @@
 //	go run ./test/migfixture -rust .cache/peers/bin/virtiofsd-rust \
 //	    -ours /tmp/govirtiofsd -out internal/passthrough/testdata
 //
-// (as root: the daemons switch credentials). It writes, per daemon,
+// (as root: the daemons switch credentials). -ours-args and -rust-args add
+// arguments (e.g. "--migration-mode file-handles"; the Rust daemon then
+// also needs "--modcaps=+dac_read_search" as a destination), and
+// -same-share loads each state on the share it was saved on, as file
+// handles and --migration-verify-handles need. It writes, per daemon,
 // NAME.state (the stream, byte for byte) and NAME.json (the share's tree,
 // the node ids the guest holds with their lookup counts, its open handles),
 // for rust-1.13 and govirtiofsd; internal/passthrough's TestMigrationFixtures
@@ -100,7 +104,12 @@ func main() {
 	ours := flag.String("ours", "", "the govirtiofsd binary (empty: skip ours)")
 	out := flag.String("out", "internal/passthrough/testdata", "where the fixtures go")
 	check := flag.Bool("check", true, "load each daemon's state into the other")
+	oursArgs := flag.String("ours-args", "", "more arguments for govirtiofsd, space-separated (e.g. --migration-mode file-handles)")
+	rustArgs := flag.String("rust-args", "", "more arguments for the Rust virtiofsd, space-separated")
+	sameShare := flag.Bool("same-share", false, "load each state on the share it was saved on (for file handles), not on a copy")
 	flag.Parse()
+	extraArgs["govirtiofsd"] = strings.Fields(*oursArgs)
+	extraArgs["rust-1.13"] = strings.Fields(*rustArgs)
 	log.SetFlags(0)
 
 	work, err := os.MkdirTemp("", "migfixture")
@@ -115,12 +124,13 @@ func main() {
 	}
 	states := map[string][]byte{}
 	fixtures := map[string]*Fixture{}
+	shares := map[string]string{}
 	for _, d := range daemons {
-		st, fx, err := capture(work, d.name, d.bin)
+		st, fx, share, err := capture(work, d.name, d.bin)
 		if err != nil {
 			log.Fatalf("%s: %v", d.name, err)
 		}
-		states[d.name], fixtures[d.name] = st, fx
+		states[d.name], fixtures[d.name], shares[d.name] = st, fx, share
 		if err := os.WriteFile(filepath.Join(*out, d.name+".state"), st, 0o644); err != nil {
 			log.Fatal(err)
 		}
@@ -134,13 +144,20 @@ func main() {
 		return
 	}
 	for _, c := range []struct{ from, to, bin string }{{"govirtiofsd", "rust-1.13", *rust}, {"rust-1.13", "govirtiofsd", *ours}} {
-		if err := crossLoad(work, c.to, c.bin, states[c.from], fixtures[c.from]); err != nil {
+		share := ""
+		if *sameShare {
+			share = shares[c.from]
+		}
+		if err := crossLoad(work, c.to, c.bin, share, states[c.from], fixtures[c.from]); err != nil {
 			log.Printf("%s's state into %s: FAILED: %v", c.from, c.to, err)
 			continue
 		}
 		log.Printf("%s's state into %s: loaded; every node and handle served", c.from, c.to)
 	}
 }
+
+// extraArgs are more command-line arguments per daemon name.
+var extraArgs = map[string][]string{}
 
 // daemon is a running back end on a fresh share.
 type daemon struct {
@@ -170,15 +187,18 @@ func (d *daemon) logTail() string {
 	return string(b)
 }
 
-// start makes a share with the tree and starts bin on it.
-func start(work, name, bin string) (*daemon, error) {
+// start starts bin on share, or on a new share with the tree when share is
+// "".
+func start(work, name, bin, share string) (*daemon, error) {
 	dir, err := os.MkdirTemp(work, name)
 	if err != nil {
 		return nil, err
 	}
-	share := filepath.Join(dir, "share")
-	if err := makeTree(share); err != nil {
-		return nil, err
+	if share == "" {
+		share = filepath.Join(dir, "share")
+		if err := makeTree(share); err != nil {
+			return nil, err
+		}
 	}
 	d := &daemon{sock: filepath.Join(dir, "sock"), share: share, logf: filepath.Join(dir, "log")}
 	lf, err := os.Create(d.logf)
@@ -189,6 +209,9 @@ func start(work, name, bin string) (*daemon, error) {
 	args := []string{"--socket-path", d.sock, "--shared-dir", share, "--sandbox", "none", "--seccomp", "none"}
 	if strings.Contains(name, "rust") {
 		args = append(args, "--log-level", "debug")
+		args = append(args, extraArgs["rust-1.13"]...)
+	} else {
+		args = append(args, extraArgs["govirtiofsd"]...)
 	}
 	d.cmd = exec.Command(bin, args...)
 	d.cmd.Stdout, d.cmd.Stderr = lf, lf
@@ -235,13 +258,20 @@ func opts() vmm.Options {
 	return o
 }
 
-// capture runs the guest's session on bin and saves its state.
-func capture(work, name, bin string) ([]byte, *Fixture, error) {
-	d, err := start(work, name, bin)
+// capture runs the guest's session on bin and saves its state; it
+// returns the state, its description and the share.
+func capture(work, name, bin string) ([]byte, *Fixture, string, error) {
+	d, err := start(work, name, bin, "")
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, "", err
 	}
 	defer d.stop()
+	state, fx, err := session(d, name)
+	return state, fx, d.share, err
+}
+
+// session runs the guest's session on d and saves its state.
+func session(d *daemon, name string) ([]byte, *Fixture, error) {
 	dev, err := vmm.Start(d.sock, opts())
 	if err != nil {
 		return nil, nil, fmt.Errorf("start: %w (%s)", err, d.logTail())
@@ -320,10 +350,11 @@ func capture(work, name, bin string) ([]byte, *Fixture, error) {
 	return st, fx, nil
 }
 
-// crossLoad loads state (described by fx) into a fresh bin on a copy of
-// the tree and reads every handle and stats every node, without INIT.
-func crossLoad(work, name, bin string, state []byte, fx *Fixture) error {
-	d, err := start(work, name+"-dest", bin)
+// crossLoad loads state (described by fx) into a fresh bin on share (""
+// for a copy of the tree) and reads every handle and stats every node,
+// without INIT.
+func crossLoad(work, name, bin, share string, state []byte, fx *Fixture) error {
+	d, err := start(work, name+"-dest", bin, share)
 	if err != nil {
 		return err
 	}
