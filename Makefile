@@ -47,7 +47,7 @@ FUZZ_TARGETS := \
 	./internal/bufvec:FuzzCursor \
 	./internal/vhostuser:FuzzMessages \
 	./internal/fuse:FuzzServe \
-	./internal/fuse:FuzzLoadStateHeader \
+	./internal/fuse:FuzzLoadSessionRecord \
 	./internal/passthrough:FuzzLoadState
 
 .PHONY: all build deps test-deps test unit integration-sandbox e2e e2e-full fuzz fuzz-short bench bench-guest soak clean
