@@ -443,6 +443,10 @@ func newFileSystem(o *Options, in *sandbox.Inside) (*passthrough.FS, error) {
 	if err != nil {
 		return nil, err
 	}
+	migMode, err := passthrough.ParseMigrationMode(o.MigrationMode)
+	if err != nil {
+		return nil, err
+	}
 	popts := passthrough.Options{
 		Cache:             cache,
 		Writeback:         o.Writeback,
@@ -460,7 +464,8 @@ func newFileSystem(o *Options, in *sandbox.Inside) (*passthrough.FS, error) {
 		ReadOnly:          o.ReadOnly,
 		PreserveNoatime:   o.PreserveNoatime,
 		ProcSelfFD:        in.ProcSelfFD(),
-		Migration:         passthrough.MigrationOptions{OnError: onError, ConfirmPaths: o.MigrationConfirmPaths},
+		Migration: passthrough.MigrationOptions{Mode: migMode, OnError: onError,
+			ConfirmPaths: o.MigrationConfirmPaths, VerifyHandles: o.MigrationVerifyHandles},
 	}
 	if o.Timeout != "" {
 		secs, err := strconv.ParseFloat(o.Timeout, 64)

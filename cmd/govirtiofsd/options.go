@@ -61,7 +61,7 @@ type Options struct {
 	// specs in command-line order (each checked as it is parsed).
 	TranslateUID []string
 	TranslateGID []string
-	// Migration (the Rust daemon's options): find-paths only, so far.
+	// Migration (the Rust daemon's options).
 	MigrationMode          string
 	MigrationOnError       string
 	MigrationVerifyHandles bool
@@ -333,11 +333,11 @@ var optionTable = []option{
 		set: appendString(func(o *Options) *[]string { return &o.TranslateUID }, checkIDMapping)},
 	{long: "translate-gid", kind: optString, usage: "translate gids (repeatable), as --translate-uid",
 		set: appendString(func(o *Options) *[]string { return &o.TranslateGID }, checkIDMapping)},
-	{long: "migration-mode", kind: optString, usage: "how inodes travel in a migration (source side): find-paths (paths relative to the shared directory); file-handles is not supported yet",
+	{long: "migration-mode", kind: optString, usage: "how inodes travel in a migration (source side): find-paths (paths relative to the shared directory) or file-handles (needs the same file system on both sides; keeps CAP_DAC_READ_SEARCH to open them)",
 		set: setEnum(func(o *Options) *string { return &o.MigrationMode }, "find-paths", "file-handles")},
 	{long: "migration-on-error", kind: optString, usage: "destination side: abort fails a migration whose inodes cannot all be found; guest-error lets it finish, the guest gets ESTALE on those",
 		set: setEnum(func(o *Options) *string { return &o.MigrationOnError }, "abort", "guest-error")},
-	{long: "migration-verify-handles", kind: optBool, usage: "not supported yet",
+	{long: "migration-verify-handles", kind: optBool, usage: "source side, find-paths: send each inode's file handle too, so the destination checks it opened the very same object",
 		set: setBool(func(o *Options) *bool { return &o.MigrationVerifyHandles })},
 	{long: "migration-confirm-paths", kind: optBool, usage: "source side, find-paths: check every inode's path again at switch-over and find it anew if it changed (a host-side rename)",
 		set: setBool(func(o *Options) *bool { return &o.MigrationConfirmPaths })},
@@ -487,10 +487,13 @@ func (o *Options) validate() error {
 		return fmt.Errorf("--queues %d: want 1..%d", o.Queues, vhostuser.MaxRings-1)
 	}
 	if o.MigrationMode == "file-handles" {
-		return errors.New("--migration-mode file-handles is not supported yet: use find-paths (the default)")
-	}
-	if o.MigrationVerifyHandles {
-		return errors.New("--migration-verify-handles is not supported yet")
+		// As the Rust daemon: the two are find-paths' checks.
+		if o.MigrationConfirmPaths || o.MigrationVerifyHandles {
+			return errors.New("--migration-confirm-paths and --migration-verify-handles apply to --migration-mode find-paths only")
+		}
+		if len(o.UIDMaps) > 0 || len(o.GIDMaps) > 0 {
+			return errors.New("--migration-mode file-handles cannot work in a user namespace (--uid-map/--gid-map): opening file handles needs CAP_DAC_READ_SEARCH in the host's; use find-paths")
+		}
 	}
 	if _, err := passthrough.NewIDMap(o.TranslateUID); err != nil {
 		return fmt.Errorf("--translate-uid: %w", err)

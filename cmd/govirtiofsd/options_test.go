@@ -175,7 +175,10 @@ var parseCases = []struct {
 	{"--migration-mode find-paths", []string{"--migration-mode", "find-paths", "--migration-on-error=abort"}, true, func(o *Options) {
 		o.MigrationMode, o.MigrationOnError = "find-paths", "abort"
 	}},
-	{"--migration-verify-handles=false", []string{"--migration-verify-handles=false"}, true, func(o *Options) {}},
+	{"--migration-verify-handles", []string{"--migration-verify-handles"}, true, func(o *Options) { o.MigrationVerifyHandles = true }},
+	{"--migration-mode file-handles", []string{"--migration-mode=file-handles", "--migration-on-error=guest-error"}, true, func(o *Options) {
+		o.MigrationMode, o.MigrationOnError = "file-handles", "guest-error"
+	}},
 
 	// Sandbox block.
 	{"--sandbox", []string{"--sandbox", "chroot"}, true, func(o *Options) { o.Sandbox = "chroot" }},
@@ -310,8 +313,9 @@ func TestParseErrors(t *testing.T) {
 		{[]string{"--seccomp=allow"}, "not one of"},
 		{[]string{"--migration-mode=copy"}, "not one of"},
 		{[]string{"--migration-on-error=ignore"}, "not one of"},
-		{[]string{"--shared-dir=/s", "--fd=3", "--migration-mode=file-handles"}, "--migration-mode file-handles is not supported yet"},
-		{[]string{"--shared-dir=/s", "--fd=3", "--migration-verify-handles"}, "--migration-verify-handles is not supported yet"},
+		{[]string{"--migration-mode=file-handles", "--migration-verify-handles"}, "apply to --migration-mode find-paths only"},
+		{[]string{"--migration-mode=file-handles", "--migration-confirm-paths"}, "apply to --migration-mode find-paths only"},
+		{[]string{"--migration-mode=file-handles", "--uid-map=:0:1000:1:", "--gid-map=:0:1000:1:"}, "cannot work in a user namespace"},
 		{[]string{"--thread-pool-size=-1"}, "non-negative"},
 		{[]string{"--thread-pool-size=lots"}, "non-negative"},
 		{[]string{"--rlimit-nofile=-5"}, "non-negative"},

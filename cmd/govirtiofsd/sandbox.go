@@ -30,7 +30,10 @@ func sandboxConfig(o *Options, log *slog.Logger) (sandbox.Config, error) {
 		return cfg, err
 	}
 	caps := sandbox.DefaultCaps
-	if o.InodeFileHandles == "prefer" || o.InodeFileHandles == "mandatory" {
+	// open_by_handle_at: inodes held as handles, or a file-handles
+	// migration loaded here (the Rust daemon's users give
+	// --modcaps=+dac_read_search instead, which works too).
+	if o.InodeFileHandles == "prefer" || o.InodeFileHandles == "mandatory" || o.MigrationMode == "file-handles" {
 		caps |= sandbox.FileHandleCaps
 	}
 	if cfg.Caps, err = sandbox.ParseModcaps(caps, o.Modcaps); err != nil {

@@ -357,6 +357,14 @@ func New(root string, opts Options) (*FS, error) {
 		unix.Close(proc)
 		return nil, fmt.Errorf("statx shared directory: %w", e)
 	}
+	if opts.Migration.Mode == MigrationFileHandles {
+		// Refused now rather than failing the migration later.
+		if _, err := nameToHandle(rfd); err != nil {
+			unix.Close(rfd)
+			unix.Close(proc)
+			return nil, fmt.Errorf("--migration-mode file-handles: the shared directory's file system gives no file handles (name_to_handle_at: %w); use find-paths", err)
+		}
+	}
 	f.inodeFDs.Add(1)
 	f.root = &inode{id: rootID, key: keyOf(&st), fd: rfd, ftype: unix.S_IFDIR, pinned: true, fs: f}
 	if opts.InodeFileHandles != FileHandlesNever {

@@ -144,6 +144,20 @@ func loadSeccomp(mode SeccompMode) (int, error) {
 		return 0, fmt.Errorf("seccomp: allowing sched_setaffinity(0): %w", err)
 	}
 	n++
+	// A creation runs with the guest caller's supplementary group
+	// (FUSE_EXT_GROUPS) on its own thread: setgroups of at most one
+	// group (and of none, to drop it), never a list.
+	setgroups, err := seccomp.GetSyscallFromName("setgroups")
+	if err != nil {
+		return 0, fmt.Errorf("seccomp: %w", err)
+	}
+	if cond, err = seccomp.MakeCondition(0, seccomp.CompareLessOrEqual, 1); err != nil {
+		return 0, fmt.Errorf("seccomp: %w", err)
+	}
+	if err := f.AddRuleConditional(setgroups, seccomp.ActAllow, []seccomp.ScmpCondition{cond}); err != nil {
+		return 0, fmt.Errorf("seccomp: allowing setgroups of one group: %w", err)
+	}
+	n++
 	if err := f.Load(); err != nil {
 		return 0, fmt.Errorf("seccomp: loading the filter: %w", err)
 	}

@@ -7,9 +7,18 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
+
+// errnoErr turns a raw call's errno into an error (nil for 0).
+func errnoErr(e syscall.Errno) error {
+	if e != 0 {
+		return e
+	}
+	return nil
+}
 
 // seccompChildEnv names the case a re-executed test binary runs under the
 // filter (TestSeccompConditionalRules).
@@ -33,13 +42,29 @@ var seccompCases = map[string]struct {
 		set.Set(0)
 		return unix.SchedSetaffinity(os.Getppid(), &set)
 	}, false},
+	// Raw calls, as the passthrough makes them: they change only the
+	// calling thread (Go's Setgroups would change every thread).
+	"setgroups one": {func() error {
+		g := uint32(os.Getegid())
+		_, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 1, uintptr(unsafe.Pointer(&g)), 0)
+		return errnoErr(e)
+	}, true},
+	"setgroups none": {func() error {
+		_, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 0, 0, 0)
+		return errnoErr(e)
+	}, true},
+	"setgroups two": {func() error {
+		g := [2]uint32{uint32(os.Getegid()), uint32(os.Getegid())}
+		_, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 2, uintptr(unsafe.Pointer(&g[0])), 0)
+		return errnoErr(e)
+	}, false},
 	"unshare fs":    {func() error { return unix.Unshare(unix.CLONE_FS) }, true},
 	"unshare mount": {func() error { return unix.Unshare(unix.CLONE_NEWNS) }, false},
 }
 
-// TestSeccompConditionalRules: the two calls the filter allows only with
-// one argument value, unshare(CLONE_FS) and sched_setaffinity on the
-// calling thread, pass with it and kill the process with any other. Each
+// TestSeccompConditionalRules: the calls the filter allows only with
+// some argument values, unshare(CLONE_FS), sched_setaffinity on the
+// calling thread and setgroups of at most one group, pass with it and kill the process with any other. Each
 // case runs in a re-executed test binary that loads the filter.
 func TestSeccompConditionalRules(t *testing.T) {
 	if name := os.Getenv(seccompChildEnv); name != "" {
