@@ -367,7 +367,12 @@ func startDaemon(t *testing.T, kind daemonKind, sock, shared, logPath string, ex
 	return d
 }
 
-// fuseRequest is one `msg="fuse request"` line of our daemon's debug log.
+// reRustRequest is the Rust virtiofsd's debug line for a request (its log
+// names no node id a reply hands out).
+var reRustRequest = regexp.MustCompile(`Received request: opcode=(\w+) \(\d+\), inode=(\d+), unique=(\d+)`)
+
+// fuseRequest is one `msg="fuse request"` line of our daemon's debug log,
+// or a Rust daemon's "Received request" line.
 type fuseRequest struct {
 	Queue, Unique, Opcode, NodeID, Len string
 	Entry                              string // the node id the reply handed out (LOOKUP, CREATE...), if any
@@ -383,6 +388,13 @@ func (d *daemon) fuseRequests(t *testing.T) []fuseRequest {
 	}
 	var reqs []fuseRequest
 	for _, line := range strings.Split(string(data), "\n") {
+		if d.kind == rustDaemon {
+			// "Received request: opcode=Read (15), inode=N, unique=..."
+			if m := reRustRequest.FindStringSubmatch(line); m != nil {
+				reqs = append(reqs, fuseRequest{Opcode: strings.ToUpper(m[1]), NodeID: m[2], Unique: m[3]})
+			}
+			continue
+		}
 		kv := parseLogfmt(line)
 		if kv["msg"] != "fuse request" {
 			continue

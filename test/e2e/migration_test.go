@@ -557,7 +557,7 @@ func grepLines(lines []string, sub string) []string {
 	return out
 }
 
-// checkNodeIDs: for every completed hop between two of our daemons, the
+// checkNodeIDs: for every completed hop with one of our daemons, the
 // node ids the destination served before any new INIT (a remount or a
 // reboot starts a new session) must be ones the source served or handed
 // out, or the destination itself handed out first: the guest kernel keeps
@@ -567,10 +567,43 @@ func (m *migEnv) checkNodeIDs() {
 	t.Helper()
 	for i := 1; i < len(m.hops); i++ {
 		src, dst := m.hops[i-1], m.hops[i]
-		if src.kind != ourDaemon || dst.kind != ourDaemon || !m.reached(dst) {
+		if !m.reached(dst) || (src.kind != ourDaemon && dst.kind != ourDaemon) {
 			continue
 		}
 		foreign, openIDs := foreignNodeIDs(src.d.fuseRequests(t), dst.d.fuseRequests(t))
+		if src.kind != ourDaemon || dst.kind != ourDaemon {
+			// The Rust daemon does not log the ids its replies hand
+			// out, so only the files' ids can be compared: ours, as
+			// the destination, must READ and WRITE only on ids the
+			// Rust source was sent or ours handed out; a Rust
+			// destination must READ or WRITE on some id ours served
+			// (the guest's files held open across the migration).
+			foreign = nil
+			known := map[string]bool{}
+			for _, r := range src.d.fuseRequests(t) {
+				known[r.NodeID] = true
+			}
+			migrated := 0
+			for _, id := range openIDs {
+				if known[id] {
+					migrated++
+				}
+			}
+			if dst.kind == ourDaemon {
+				for _, r := range dst.d.fuseRequests(t) {
+					if r.Entry != "" {
+						known[r.Entry] = true
+					}
+				}
+				for _, id := range openIDs {
+					if !known[id] {
+						foreign = append(foreign, "READ/WRITE:"+id)
+					}
+				}
+			} else if migrated == 0 {
+				t.Errorf("%s: none of its READs/WRITEs %v is on a node id %s served", dst.name, openIDs, src.name)
+			}
+		}
 		if len(foreign) > 0 {
 			t.Errorf("%s served node ids %s never served: %v", dst.name, src.name, foreign[:min(len(foreign), 20)])
 		}
