@@ -19,7 +19,7 @@ import (
 	"github.com/govirtiofsd/govirtiofsd/test/vmm"
 )
 
-type rustFixture struct {
+type stateFixture struct {
 	Tree []struct {
 		Path string `json:"path"`
 		Dir  bool   `json:"dir"`
@@ -37,17 +37,23 @@ type rustFixture struct {
 	} `json:"handles"`
 }
 
-func TestMigrationFromRustState(t *testing.T) {
+// applyFixture recreates the share a fixture (internal/passthrough/
+// testdata/NAME.json and NAME.state, made by a real daemon) describes,
+// loads the state into a fresh daemon on it before its rings start, and
+// checks that every node id and handle it lists serves: GETATTR, READ of
+// each file handle, READDIR of the directory handle.
+func applyFixture(t *testing.T, name string, prepare func(share string)) (*daemon, *vmm.Device, *fsc) {
+	t.Helper()
 	const fixtures = "../../internal/passthrough/testdata/"
-	j, err := os.ReadFile(fixtures + "rust-1.13.json")
+	j, err := os.ReadFile(fixtures + name + ".json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var fx rustFixture
+	var fx stateFixture
 	if err := json.Unmarshal(j, &fx); err != nil {
 		t.Fatal(err)
 	}
-	state, err := os.ReadFile(fixtures + "rust-1.13.state")
+	state, err := os.ReadFile(fixtures + name + ".state")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,13 +69,9 @@ func TestMigrationFromRustState(t *testing.T) {
 		}
 		data[e.Path] = e.Data
 	}
-	// A directory the caller may write only through a group.
-	if err := os.Mkdir(filepath.Join(share, "g"), 0o770); err != nil {
-		t.Fatal(err)
+	if prepare != nil {
+		prepare(share)
 	}
-	os.Chown(filepath.Join(share, "g"), 0, 4242)
-	os.Chmod(filepath.Join(share, "g"), 0o770) // past the umask
-
 	d := startDaemonWith(t, daemonSpec{share: share})
 	dev := d.dial(migOpts())
 	if err := dev.Init(); err != nil {
@@ -79,9 +81,6 @@ func TestMigrationFromRustState(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := load(t, dev, state)
-	if d.logCount("FUSE session rebuilt for a Rust virtiofsd state") != 1 {
-		t.Errorf("no log line of the rebuilt session\n%s", d.tail(20))
-	}
 	for _, n := range fx.Nodes {
 		if _, err := c.Getattr(n.ID); err != nil {
 			t.Errorf("GETATTR %s (%#x): %v", n.Path, n.ID, err)
@@ -99,6 +98,27 @@ func TestMigrationFromRustState(t *testing.T) {
 	}
 	if names, _ := readdir(c, dirNode, dirFH, 0, 4096); !slices.Contains(names, "sub") {
 		t.Errorf("READDIR of dir: %q", names)
+	}
+	return d, dev, c
+}
+
+// TestMigrationFromOurState: the same with a state our daemon saved.
+func TestMigrationFromOurState(t *testing.T) {
+	_, dev, _ := applyFixture(t, "govirtiofsd", nil)
+	noViolations(t, dev)
+}
+
+func TestMigrationFromRustState(t *testing.T) {
+	d, dev, c := applyFixture(t, "rust-1.13", func(share string) {
+		// A directory the caller may write only through a group.
+		if err := os.Mkdir(filepath.Join(share, "g"), 0o770); err != nil {
+			t.Fatal(err)
+		}
+		os.Chown(filepath.Join(share, "g"), 0, 4242)
+		os.Chmod(filepath.Join(share, "g"), 0o770) // past the umask
+	})
+	if d.logCount("FUSE session rebuilt for a Rust virtiofsd state") != 1 {
+		t.Errorf("no log line of the rebuilt session\n%s", d.tail(20))
 	}
 	g := c.lookup(vmm.RootID, "g").NodeID
 	mkdir := func(group bool) error {
