@@ -212,7 +212,7 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 		if files, err = outsideFiles(o, ln, syslogConn); err != nil {
 			return err
 		}
-		profile, err := cpuProfileFile(sbcfg.Seccomp)
+		profile, err := profileFiles(sbcfg.Seccomp)
 		if err != nil {
 			return err
 		}
@@ -281,7 +281,7 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 		log.Info("serving metrics", "addr", metricsLn.Addr().String())
 	}
 
-	stopProfile, err := startCPUProfile(in)
+	stopProfile, err := startProfiles(in)
 	if err != nil {
 		return err
 	}

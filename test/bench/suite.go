@@ -29,6 +29,9 @@ func DefaultWorkloads() []Workload {
 		{Name: "randwrite 4k, 4 files", Kind: RandWrite, Size: 4 << 10, Files: 4},
 		{Name: "randread 4k, 4 files", Kind: RandRead, Size: 4 << 10, Files: 4},
 		{Name: "create/getattr/release/unlink", Kind: Meta},
+		{Name: "randread 4k, depth 1", Kind: RandRead, Size: 4 << 10, Files: 1, Depth: 1},
+		{Name: "randwrite 4k, depth 1", Kind: RandWrite, Size: 4 << 10, Files: 1, Depth: 1},
+		{Name: "metadata, depth 1", Kind: Meta, Depth: 1},
 	}
 }
 
@@ -89,6 +92,9 @@ type SuiteOptions struct {
 	// (CONFIG-WORKLOAD-N.pprof, for go tool pprof). Our daemon then runs
 	// with --seccomp none: the profiler's timers are outside the allowlist.
 	ProfileDir string
+	// TraceDir, if set, gets a Go execution trace of our daemon per run
+	// (CONFIG-WORKLOAD-N.trace, for go tool trace), with --seccomp none.
+	TraceDir string
 	Out        io.Writer
 	Progress   io.Writer
 	// Hook, if set, runs at the start and end of each measurement with
@@ -100,7 +106,11 @@ type SuiteOptions struct {
 type Cell struct {
 	Res       *Result
 	DaemonCPU time.Duration
-	Err       error
+	// Sched and FrontSched are the scheduler's account of the daemon's
+	// threads and of this process's (the front end) over the
+	// measurement.
+	Sched, FrontSched Sched
+	Err               error
 }
 
 // SuiteResult holds every figure.
@@ -198,6 +208,14 @@ func (o *SuiteOptions) env(c Config) []string {
 	return nil
 }
 
+// depth is w's number of requests in flight.
+func (o *SuiteOptions) depth(w Workload) int {
+	if w.Depth > 0 {
+		return w.Depth
+	}
+	return o.Depth
+}
+
 func (o *SuiteOptions) files() []string {
 	var f []string
 	for i := range dataFiles {
@@ -227,9 +245,14 @@ func (c Config) targetOptions(queueSize uint16, bufMiB uint64) vmm.Options {
 // runOne starts c's daemon, connects, runs w and stops the daemon.
 func (o *SuiteOptions) runOne(c Config, w Workload, tag string) Cell {
 	env := o.env(c)
+	base := fmt.Sprintf("%s-%s-%s", c.Name, strings.NewReplacer(" ", "", ",", "-", "/", "-").Replace(w.Name), tag)
 	if o.ProfileDir != "" && c.Ours {
-		name := fmt.Sprintf("%s-%s-%s.pprof", c.Name, strings.NewReplacer(" ", "", ",", "-", "/", "-").Replace(w.Name), tag)
-		env = append(slices.Clip(env), "GOVIRTIOFSD_CPUPROFILE="+filepath.Join(o.ProfileDir, name))
+		env = append(slices.Clip(env), "GOVIRTIOFSD_CPUPROFILE="+filepath.Join(o.ProfileDir, base+".pprof"))
+	}
+	if o.TraceDir != "" && c.Ours {
+		env = append(slices.Clip(env), "GOVIRTIOFSD_TRACE="+filepath.Join(o.TraceDir, base+".trace"))
+	}
+	if (o.ProfileDir != "" || o.TraceDir != "") && c.Ours {
 		c.Extra = append(slices.Clip(c.Extra), "--seccomp", "none")
 	}
 	d, err := StartDaemon(c, o.bin(c), o.Share, o.Dir, env)
@@ -238,22 +261,26 @@ func (o *SuiteOptions) runOne(c Config, w Workload, tag string) Cell {
 	}
 	defer d.Stop()
 	size := max(w.Size, 4096)
-	t, err := Connect(d.Sock, c.targetOptions(o.QueueSize, bufMiB(o.Depth, size)), o.files(), o.FileSize)
+	t, err := Connect(d.Sock, c.targetOptions(o.QueueSize, bufMiB(o.depth(w), size)), o.files(), o.FileSize)
 	if err != nil {
 		return Cell{Err: fmt.Errorf("%s: %w (log: %s)", c.Name, err, tail(d.Log))}
 	}
 	defer t.Close()
 	var cpu0, cpu1 time.Duration
-	res, err := Run(t, RunSpec{Workload: w, Depth: o.Depth, Warmup: o.Warmup, Duration: o.Duration,
+	var sched0, sched1, front0, front1 Sched
+	self := []int{os.Getpid()}
+	res, err := Run(t, RunSpec{Workload: w, Depth: o.depth(w), Warmup: o.Warmup, Duration: o.Duration,
 		Prefix: tag, Spin: o.Spin, IrqDiv: o.IrqDiv, Raw: o.Raw, Interleave: o.Interleave, DebugPids: d.Pids,
 		OnStart: func() {
 			if o.OnStart != nil {
 				o.OnStart(d, w)
 			}
 			cpu0 = d.CPU()
+			sched0, front0 = ProcessSched(d.Pids()), ProcessSched(self)
 		},
 		OnStop: func() {
 			cpu1 = d.CPU()
+			sched1, front1 = ProcessSched(d.Pids()), ProcessSched(self)
 			if o.OnStop != nil {
 				o.OnStop(d, w)
 			}
@@ -266,7 +293,7 @@ func (o *SuiteOptions) runOne(c Config, w Workload, tag string) Cell {
 		fmt.Fprintf(o.Progress, "note: %s / %s: stalls of 0.5 s or more: %d with the notification withheld by the daemon, %d with the front end not scheduled\n",
 			c.Name, w.Name, res.Withheld, res.Starved)
 	}
-	return Cell{Res: res, DaemonCPU: cpu1 - cpu0}
+	return Cell{Res: res, DaemonCPU: cpu1 - cpu0, Sched: sched1.Sub(sched0), FrontSched: front1.Sub(front0)}
 }
 
 // rssOne measures c's daemon idle after INIT and after a 1 MiB write run
@@ -322,6 +349,9 @@ func RunSuite(o SuiteOptions) (*SuiteResult, error) {
 				// then fall on every configuration alike, not always
 				// on the first.
 				c := o.Configs[(k+round)%len(o.Configs)]
+				if c.Rings > o.depth(w) {
+					continue // a ring without requests measures nothing
+				}
 				n++
 				cell := o.runOne(c, w, fmt.Sprintf("m%d", n))
 				cleanShare(o.Share)
@@ -340,7 +370,7 @@ func RunSuite(o SuiteOptions) (*SuiteResult, error) {
 					float64(r.Kicks)/float64(r.AllOps), float64(r.Sleeps)/float64(r.AllOps), float64(r.Spins)/float64(r.AllOps))
 			}
 			if o.Ceiling && HasCeiling(w) {
-				c, err := Ceiling(o.Share, o.FileSize, w, o.Depth, o.Duration)
+				c, err := Ceiling(o.Share, o.FileSize, w, o.depth(w), o.Duration)
 				if err != nil {
 					sr.Errors = append(sr.Errors, err)
 					fmt.Fprintf(o.Progress, "round %d  %-30s %-11s ERROR %v\n", round+1, w.Name, "ceiling", err)
@@ -388,6 +418,21 @@ func median(cells []Cell, w Workload) *Cell {
 // best of refs' rates in the same round, counting only rounds in which name
 // and at least one of refs succeeded. cells holds each configuration's
 // rounds in order (RunSuite appends a failed round too).
+// medianP99 is the median over rounds of the runs' p99 latency.
+func medianP99(cells []Cell) (time.Duration, bool) {
+	var p []time.Duration
+	for _, c := range cells {
+		if c.Err == nil {
+			p = append(p, c.Res.Lat.quantile(0.99))
+		}
+	}
+	if len(p) == 0 {
+		return 0, false
+	}
+	slices.Sort(p)
+	return p[len(p)/2], true
+}
+
 func pairedRatio(cells map[string][]Cell, w Workload, name string, refs []string) (float64, bool) {
 	var ratios []float64
 	for r, c := range cells[name] {
@@ -461,7 +506,7 @@ func (sr *SuiteResult) Print(out io.Writer) {
 		for _, c := range o.Configs {
 			m := median(sr.Cells[w.Name][c.Name], w)
 			if m == nil {
-				row = append(row, "error")
+				row = append(row, missing(sr.Cells[w.Name][c.Name]))
 				continue
 			}
 			rate[c.Name] = m.Res.Rate(w)
@@ -494,18 +539,30 @@ func (sr *SuiteResult) Print(out io.Writer) {
 
 	sr.printCeiling(out)
 
-	fmt.Fprintf(out, "\nLatency p50 / p99 (submission to reap)\n\n")
+	fmt.Fprintf(out, "\nLatency p50 / p99 (submission to reap) of the run with the median rate; p99 ratio = the median over rounds\n"+
+		"of ours' p99 / the lowest such median of %s\n\n", strings.Join(append(slices.Clone(RefCompared), RustCompared...), ", "))
 	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, strings.Join(hdr[:len(o.Configs)+1], "\t")+"\t")
+	fmt.Fprintln(tw, strings.Join(hdr[:len(o.Configs)+1], "\t")+"\tp99 ratio\t")
 	for _, w := range o.Workloads {
 		row := []string{w.Name}
 		for _, c := range o.Configs {
 			m := median(sr.Cells[w.Name][c.Name], w)
 			if m == nil {
-				row = append(row, "error")
+				row = append(row, "-")
 				continue
 			}
 			row = append(row, fmtDur(m.Res.Lat.quantile(0.5))+" / "+fmtDur(m.Res.Lat.quantile(0.99)))
+		}
+		best := time.Duration(0)
+		for _, n := range append(slices.Clone(RefCompared), RustCompared...) {
+			if p, ok := medianP99(sr.Cells[w.Name][n]); ok && (best == 0 || p < best) {
+				best = p
+			}
+		}
+		if p, ok := medianP99(sr.Cells[w.Name]["ours"]); ok && best > 0 {
+			row = append(row, fmt.Sprintf("%.2fx", float64(p)/float64(best)))
+		} else {
+			row = append(row, "-")
 		}
 		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
@@ -519,12 +576,30 @@ func (sr *SuiteResult) Print(out io.Writer) {
 		for _, c := range o.Configs {
 			m := median(sr.Cells[w.Name][c.Name], w)
 			if m == nil {
-				row = append(row, "error")
+				row = append(row, missing(sr.Cells[w.Name][c.Name]))
 				continue
 			}
 			s := m.Res.Elapsed.Seconds()
 			row = append(row, fmt.Sprintf("%.2f / %.2f / %.2f  %.1fµs", m.DaemonCPU.Seconds()/s, m.Res.FrontCPU.Seconds()/s,
 				m.Res.OtherCPU.Seconds()/s, m.Res.FrontCPU.Seconds()*1e6/float64(max(m.Res.Ops, 1))))
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	tw.Flush()
+
+	fmt.Fprintf(out, "\nScheduling per request, daemon | front end: context switches voluntary+involuntary / CPU migrations /\n"+
+		"run-queue wait (runnable, waiting for a CPU), from /proc/PID/task/*/sched and schedstat\n\n")
+	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, strings.Join(hdr[:len(o.Configs)+1], "\t")+"\t")
+	for _, w := range o.Workloads {
+		row := []string{w.Name}
+		for _, c := range o.Configs {
+			m := median(sr.Cells[w.Name][c.Name], w)
+			if m == nil {
+				row = append(row, missing(sr.Cells[w.Name][c.Name]))
+				continue
+			}
+			row = append(row, m.Sched.PerOp(int64(m.Res.Ops))+" | "+m.FrontSched.PerOp(int64(m.Res.Ops)))
 		}
 		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
@@ -542,7 +617,7 @@ func (sr *SuiteResult) Print(out io.Writer) {
 		for _, c := range o.Configs {
 			m := median(sr.Cells[w.Name][c.Name], w)
 			if m == nil {
-				row = append(row, "error")
+				row = append(row, missing(sr.Cells[w.Name][c.Name]))
 				continue
 			}
 			cost[c.Name] = m.DaemonCPU.Seconds() * 1e6 / float64(max(m.Res.Ops, 1))
@@ -629,4 +704,13 @@ func (sr *SuiteResult) printCeiling(out io.Writer) {
 		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
 	tw.Flush()
+}
+
+// missing is what a table shows for a configuration without a figure:
+// "-" where it did not run (ours-2q at depth 1), "error" where it failed.
+func missing(cells []Cell) string {
+	if len(cells) == 0 {
+		return "-"
+	}
+	return "error"
 }

@@ -33,6 +33,10 @@ type Workload struct {
 	Kind  Kind
 	Size  int // bytes per READ/WRITE
 	Files int // data files used (round-robin or random)
+	// Depth, if set, is the workload's own number of requests in
+	// flight, instead of the suite's (SuiteOptions.Depth): the depth-1
+	// rows measure one request at a time, as a shell or a build waits.
+	Depth int
 }
 
 // IsIO reports whether the workload moves data.

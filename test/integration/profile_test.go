@@ -47,6 +47,23 @@ func TestCPUProfile(t *testing.T) {
 			}
 		}
 	})
+	t.Run("trace-written", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "exec.trace")
+		d := startDaemonWith(t, daemonSpec{env: []string{"GOVIRTIOFSD_TRACE=" + path}}, "--seccomp", "none")
+		dev := d.connect(opts())
+		c := newFS(t, dev, 1)
+		c.mount()
+		c.roundTrip(d, "f", bytes.Repeat([]byte{1}, 64<<10))
+		d.disconnect()
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A Go execution trace starts with its version line.
+		if !bytes.HasPrefix(b, []byte("go 1.")) || len(b) < 1024 {
+			t.Errorf("trace (%d bytes) does not look like a Go execution trace: %q", len(b), b[:min(len(b), 16)])
+		}
+	})
 	t.Run("refused-under-seccomp-kill", func(t *testing.T) {
 		dir := t.TempDir()
 		path := filepath.Join(dir, "cpu.pprof")

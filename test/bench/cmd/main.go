@@ -46,6 +46,7 @@ func main() {
 	flag.BoolVar(&o.Interleave, "interleave", false, "with several rings, send requests to every file from every ring (default: ring i carries files i, i+rings, ..., sequential or random, as Linux keeps a job on its CPU's queue)")
 	cpuprofile := flag.String("cpuprofile", "", "write the front end's CPU profile here")
 	flag.StringVar(&o.ProfileDir, "profile", "", "write a Go CPU profile of our daemon per run into this directory (CONFIG-WORKLOAD-N.pprof; our daemon then runs with --seccomp none)")
+	flag.StringVar(&o.TraceDir, "trace", "", "write a Go execution trace of our daemon per run into this directory (CONFIG-WORKLOAD-N.trace, for go tool trace; our daemon then runs with --seccomp none)")
 	oursEnv := flag.String("ours-env", "", "space-separated NAME=VALUE entries added to our daemon's environment (experiments)")
 	alt := flag.String("alt", "", "another build of ours, run with default settings as configurations \"alt\" and \"alt-2q\" (A/B comparisons in one run)")
 	null := flag.Bool("null", false, "measure the front end alone against an in-process null device, then exit")
