@@ -95,8 +95,8 @@ type SuiteOptions struct {
 	// TraceDir, if set, gets a Go execution trace of our daemon per run
 	// (CONFIG-WORKLOAD-N.trace, for go tool trace), with --seccomp none.
 	TraceDir string
-	Out        io.Writer
-	Progress   io.Writer
+	Out      io.Writer
+	Progress io.Writer
 	// Hook, if set, runs at the start and end of each measurement with
 	// the daemon (e.g. to profile it).
 	OnStart, OnStop func(d *Daemon, w Workload)
