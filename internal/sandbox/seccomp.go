@@ -130,20 +130,6 @@ func loadSeccomp(mode SeccompMode) (int, error) {
 		return 0, fmt.Errorf("seccomp: allowing unshare(CLONE_FS): %w", err)
 	}
 	n++
-	// Each running request ring's first server keeps its own thread to
-	// the ring's share of the CPUs (internal/vhostuser/affinity.go): pid 0,
-	// the calling thread, only.
-	setaffinity, err := seccomp.GetSyscallFromName("sched_setaffinity")
-	if err != nil {
-		return 0, fmt.Errorf("seccomp: %w", err)
-	}
-	if cond, err = seccomp.MakeCondition(0, seccomp.CompareEqual, 0); err != nil {
-		return 0, fmt.Errorf("seccomp: %w", err)
-	}
-	if err := f.AddRuleConditional(setaffinity, seccomp.ActAllow, []seccomp.ScmpCondition{cond}); err != nil {
-		return 0, fmt.Errorf("seccomp: allowing sched_setaffinity(0): %w", err)
-	}
-	n++
 	// A creation runs with the guest caller's supplementary group
 	// (FUSE_EXT_GROUPS) on its own thread: setgroups of at most one
 	// group (and of none, to drop it), never a list.

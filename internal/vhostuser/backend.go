@@ -1,16 +1,3 @@
-// Package vhostuser is the daemon's vhost-user back end: it reads the front
-// end's (QEMU's, Cloud Hypervisor's) messages from the unix socket, negotiates
-// features, maps guest memory regions, sets up one virtqueue.Queue per ring
-// and serves each enabled ring with its own server goroutines (runner), one
-// always and more for large requests, that pop chains, hand each to a
-// RequestHandler (the FUSE layer), push the result and signal the guest.
-//
-// Every message is checked before it changes state. A message the back end
-// cannot honour is refused (an error reply when the front end asked for one,
-// a log line otherwise) and the connection goes on; only a stream that is
-// out of step (bad version bits, a truncated or absurd payload) or gone ends
-// it. When the front end disconnects, Serve stops every ring, waits for the
-// requests in flight, unmaps guest memory and returns nil.
 package vhostuser
 
 import (
@@ -98,14 +85,9 @@ type Config struct {
 	// Workers caps the extra server goroutines awake at once across all
 	// rings, beyond the one each ring always has (--thread-pool-size); 0
 	// serves every request on its ring's single server. A ring wakes an
-	// extra server only when its handler classifies a request as heavy.
+	// extra server only when its handler classifies a request as heavy
+	// (doc.go).
 	Workers int
-	// CPUs is how many servers may serve at once, across all rings,
-	// before an extra server is no longer woken: beyond that, servers only
-	// take turns on the CPUs. 0 means GOMAXPROCS (less what ring
-	// watchers add to it, see reserveWatchers). It never stops a ring's own
-	// server.
-	CPUs int
 	// Metrics keeps per-ring counters for WriteMetrics.
 	Metrics bool
 	// State is the device state that migrates with the VM; nil: the
@@ -138,11 +120,7 @@ type Backend struct {
 	transferStall time.Duration
 	backend       BackendChannel
 	busyWorkers   atomic.Int32
-	serving       atomic.Int32                        // servers holding a request, all rings (server.serving)
-	writers       [writersSize]atomic.Pointer[server] // servers writing a node, by writersIndex
-	stats         *[MaxRings]ringStats                // nil with Config.Metrics off
-	cpus          *unix.CPUSet                        // nil: one CPU, no placement (affinity.go)
-	plan          atomic.Pointer[cpuPlan]             // the rings' CPU shares, replaced by replanCPUs
+	stats         *[MaxRings]ringStats // nil with Config.Metrics off
 }
 
 // NewBackend returns a back end for cfg.
@@ -156,16 +134,13 @@ func NewBackend(cfg Config) (*Backend, error) {
 	if cfg.Workers < 0 || cfg.Workers > 1024 {
 		return nil, fmt.Errorf("vhostuser: %d workers, want 0..1024", cfg.Workers)
 	}
-	if cfg.CPUs <= 0 {
-		cfg.CPUs = procsWithoutWatchers()
-	}
 	if len(cfg.Tag) > 36 {
 		return nil, fmt.Errorf("vhostuser: tag %q longer than 36 bytes", cfg.Tag)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	b := &Backend{cfg: cfg, log: cfg.Logger, cpus: allCPUs(), transferStall: transferStall}
+	b := &Backend{cfg: cfg, log: cfg.Logger, transferStall: transferStall}
 	if cfg.Metrics {
 		b.stats = new([MaxRings]ringStats)
 	}

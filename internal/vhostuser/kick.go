@@ -9,7 +9,7 @@ import (
 )
 
 // kickWatch is how a runner sleeps until the guest kicks its ring. The
-// watching server sleeps in ppoll(2) on its own locked thread, as the C
+// watching server sleeps in ppoll(2) on the thread it runs on, as the C
 // daemon's queue thread does, so a kick wakes that thread and nothing else.
 // Through Go's netpoller a kick wakes the poller's thread, which then runs
 // the scheduler to find and resume the server: on a guest doing 4 KiB

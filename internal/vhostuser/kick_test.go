@@ -65,7 +65,7 @@ func TestKickWatch(t *testing.T) {
 
 // TestWatchersReserveProcs: a P is reserved for every ring started, not for
 // every ring a back end may have (each P costs memory); GOMAXPROCS never
-// shrinks, and Config.CPUs still counts the CPUs alone. Stopping and
+// shrinks, and DefaultWorkers still counts the CPUs alone. Stopping and
 // restarting rings must not change it: that stops the world on the message
 // loop (reserveWatchers).
 func TestWatchersReserveProcs(t *testing.T) {
@@ -80,7 +80,7 @@ func TestWatchersReserveProcs(t *testing.T) {
 	if got := procsWithoutWatchers(); got != base {
 		t.Errorf("CPUs with watchers: %d, want %d", got, base)
 	}
-	_, d := startProbeRings(t, 2, 1, 2)
+	_, d := startProbeRings(t, 2, 1)
 	var want int
 	for i := range 3 {
 		at, err := d.StopQueue(2)

@@ -32,7 +32,7 @@ type vring struct {
 	errFD  int
 
 	queue *virtqueue.Queue // non-nil while started
-	slots []*slot          // request state allocated so far, kept across stop/start while the size holds
+	slots []*slot          // request state per server, made on first need, kept across stop/start while the size holds
 
 	run     *runner // non-nil while the serving goroutine runs
 	badSeen atomic.Uint64
@@ -82,11 +82,8 @@ func (r *vring) start() error {
 	q.SetCall(r.callFD)
 	r.queue = q
 	reserveWatchers(r.index + 1)
-	if len(r.slots) == 0 || r.slots[0].chain.Cap() != int(r.num) {
-		// One slot to start with: the others cost about 150 KiB each
-		// at queue size 1024 and only a ring that wakes a second server
-		// needs them (runner.growLocked).
-		r.slots = r.newSlots(1)
+	if len(r.slots) > 0 && r.slots[0].chain.Cap() != int(r.num) {
+		r.slots = nil // a new queue size: each server makes its slot again
 	}
 	r.b.log.Debug("ring started", "queue", r.index, "size", r.num, "base", r.base,
 		"event_idx", r.b.acked&featEventIdx != 0, "indirect", r.b.acked&featIndirectDesc != 0)
@@ -98,8 +95,7 @@ func (r *vring) resume() {
 	if r.run != nil || r.queue == nil || !r.enabled || r.queue.Broken() {
 		return
 	}
-	r.run = startRunner(r, r.queue, r.kickFD, r.slots)
-	r.b.replanCPUs()
+	r.run = startRunner(r, r.queue, r.kickFD)
 }
 
 // pause stops the serving goroutine and waits until every chain it popped
@@ -110,7 +106,6 @@ func (r *vring) pause() {
 	}
 	r.run.stop()
 	r.run = nil
-	r.b.replanCPUs()
 }
 
 // stop pauses the ring, records where it stopped and releases its Queue: the

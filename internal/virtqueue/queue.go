@@ -252,6 +252,16 @@ func (q *Queue) fullBarrier() { atomic.AddUint32(&q.fence, 1) }
 // Pending reports whether the guest has published chains not yet popped.
 func (q *Queue) Pending() bool { return !q.broken && q.loadAvailIdx() != q.lastAvail }
 
+// Waiting returns how many chains the guest has published and the device
+// not yet taken, read afresh from the ring (at most the ring's size: a
+// bad index is Snapshot's to report).
+func (q *Queue) Waiting() int {
+	if q.broken {
+		return 0
+	}
+	return int(min(q.loadAvailIdx()-q.lastAvail, q.size))
+}
+
 // EnableNotify asks the guest to kick when it publishes new chains and
 // reports whether chains are already pending (then the caller must keep
 // popping instead of sleeping, or a kick would be lost).

@@ -1,0 +1,62 @@
+// Package vhostuser is the daemon's vhost-user back end: it reads the front
+// end's (QEMU's, Cloud Hypervisor's) messages from the unix socket, negotiates
+// features, maps guest memory regions, sets up one virtqueue.Queue per ring
+// and serves each enabled ring with its own server goroutines, which pop
+// chains, hand each to a RequestHandler (the FUSE layer), push the result
+// and signal the guest.
+//
+// Every message is checked before it changes state. A message the back end
+// cannot honour is refused (an error reply when the front end asked for one,
+// a log line otherwise) and the connection goes on; only a stream that is
+// out of step (bad version bits, a truncated or absurd payload) or gone ends
+// it. When the front end disconnects, Serve stops every ring, waits for the
+// requests in flight, unmaps guest memory and returns nil.
+//
+// # Scheduling
+//
+// Each started and enabled ring has up to 1+W servers (runner.go): W is
+// the worker budget, --thread-pool-size (default: one fewer than the
+// CPUs), shared by all rings; the hiprio ring has W = 0.
+//
+// Who blocks where. A server is serving a request; or watching: asleep
+// in ppoll(2) on the ring's kick eventfd (kick.go), at most one per ring;
+// or parked on its own channel. Nothing else blocks: there is no
+// dispatcher, no queue between goroutines and no lock shared by rings.
+//
+// Who serves which request. A server holds the ring's mutex only to pop:
+// it takes the next chain into its own slot, lets go, serves it, pushes the
+// reply, and pops again. A request is served start to finish by the server
+// that popped it, on that server's thread, so a busy ring hands nothing
+// from thread to thread. A server that finds the ring empty watches, if no
+// server does: it re-enables kicks, looks once more (a chain may have
+// beaten the re-enable) and sleeps; else it parks. A server that pops a
+// heavy request (a READ or WRITE of 32 KiB or more: Classify) while more
+// chains wait wakes one parked server, if the budget has a unit left,
+// unless it writes the file the ring's last large write wrote (a second
+// server would only wait for the file's lock); a server returns its unit
+// when it parks. Small requests stay on one server: waking another costs
+// more than it saves.
+//
+// When the guest is signalled. A server signals (Queue.Notify: with
+// EVENT_IDX, only if the guest asked) for the replies it pushed once they
+// are at least as many as the chains waiting in the ring, and always
+// before it watches, parks or exits. One request at a time, that is every
+// reply at once; with a queue of requests, the guest hears when half of
+// it is done, in time to refill it, and a guest that refills at once is
+// signalled about once per half queue. A request Classify marks slow (an
+// fsync) first signals the replies before it.
+//
+// Stopping. GET_VRING_BASE (and reset, disconnect) sets the ring
+// stopping, interrupts the watcher, wakes the parked servers and waits for
+// every server to finish the request it holds and exit: the ring's avail
+// index is then exact. Before it waits it cancels any FS_IO bounce, whose
+// VMM answers only after the message that stops the ring is answered.
+// Memory and call fd changes need no stop: chains are translated with a
+// referenced table (the newest at each look at the ring), and the Queue
+// swaps the call fd under its own lock.
+//
+// Tunables: heavyBytes (internal/fuse, 32 KiB) decides which requests
+// wake a second server: the 1 MiB rows of make bench need one, the 4 KiB
+// rows are faster without. pollInterval serves a ring whose front end
+// sent no kick fd; no benchmark row needs it, and QEMU never does that.
+package vhostuser
