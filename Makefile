@@ -121,7 +121,7 @@ bench: test-deps build
 # TestBenchGuest; root) against govirtiofsd (default settings, 1 and 2
 # request queues), the reference C virtiofsd and the Rust virtiofsd
 # (--thread-pool-size 0 and 2 each), one tmpfs share each: 1 MiB write/read libaio at iodepth 16 and 64 with
-# numjobs 1 and 4, 4 KiB randwrite/randread; prints MiB/s or IOPS and the
+# numjobs 1 and 4, 4 KiB randwrite/randread at iodepth 16 and 1; prints MiB/s or IOPS and the
 # ratios ours/reference and ours/Rust, best of BENCHGUEST_ROUNDS rounds,
 # marking figures taken while other processes loaded the host. Roughly 25
 # minutes with the defaults (17 with the four configurations before the

@@ -93,17 +93,12 @@ var watchers struct {
 // changing GOMAXPROCS stops the world, and a world stop on the message loop
 // after a stopped ring's servers exited had not completed after 10 s, twice
 // in about 56,000 connections of the bench's front end (GET_VRING_BASE
-// unanswered, Go 1.26), when every start and stop changed it. A program
-// with nothing but goroutines locked to pinned threads (place) sleeping in
-// ppoll and exiting, and GOMAXPROCS changes around them, also lost one such
-// goroutine's wake-up for over 5 s; without the changes it did not. A
-// front end that negotiated PROTOCOL_FEATURES (QEMU) sets up every ring
-// before it enables the first, so the few changes left come before any
-// server runs.
-//
-// Not reserved up front for every ring a back end may have: each P has its
-// own allocation caches and garbage collector worker, and the default 255
-// request queues took the idle daemon from 3 to 10 MiB of anonymous memory.
+// unanswered, Go 1.26), when every start and stop changed it. QEMU sets up
+// every ring before it enables the first, so the few changes left come
+// before any server runs. Not reserved up front for every ring a back end
+// may have: each P has its own allocation caches and garbage collector
+// worker, and the default 255 request queues took the idle daemon from 3
+// to 10 MiB of anonymous memory.
 func reserveWatchers(n int) {
 	watchers.Lock()
 	defer watchers.Unlock()
@@ -117,7 +112,7 @@ func reserveWatchers(n int) {
 }
 
 // procsWithoutWatchers is GOMAXPROCS less what the watchers added: the CPUs
-// the servers have (Config.CPUs).
+// the servers have (DefaultWorkers).
 func procsWithoutWatchers() int {
 	watchers.Lock()
 	defer watchers.Unlock()

@@ -73,6 +73,10 @@ func benchWorkloads() []benchWorkload {
 			ws = append(ws, benchWorkload{fmt.Sprintf("rand-4k-qd16-j%d-%s", jobs, rw), "rand" + rw, "4k", 16, jobs})
 		}
 	}
+	// One request at a time, as a shell or a build waits for each.
+	for _, rw := range []string{"write", "read"} {
+		ws = append(ws, benchWorkload{"rand-4k-qd1-j1-" + rw, "rand" + rw, "4k", 1, 1})
+	}
 	return ws
 }
 
@@ -106,7 +110,7 @@ const benchOtherLoad = 0.3
 // virtiofsd (--thread-pool-size 0 and 2), each on its own tmpfs share with
 // cache=none: 1 MiB sequential write and read with libaio at iodepth 16 and
 // 64, numjobs 1 and 4, and 4 KiB random write and read at iodepth 16,
-// numjobs 1 and 4; O_DIRECT, time_based, no verify. All guests boot at
+// numjobs 1 and 4, and at iodepth 1, numjobs 1; O_DIRECT, time_based, no verify. All guests boot at
 // once and wait; the host then runs each workload on one guest at a time,
 // on every guest in turn (starting with a different one per workload and
 // round), so drifting load on a shared host spreads over the
