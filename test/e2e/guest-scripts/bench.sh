@@ -4,7 +4,8 @@
 # once and the host runs one workload at a time, on each guest in turn.
 # Sourced by /init (step and e2e_ask come from there).
 #
-# An answer is "NAME RW BS IODEPTH NUMJOBS". Every workload uses files
+# An answer is "NAME RW BS IODEPTH NUMJOBS", or "NAME files OP COUNT 0" for
+# a timed metadata phase (files_run). Every workload uses files
 # DIR/bench.N (one per job), libaio, O_DIRECT, time_based, group_reporting,
 # no verify; the files stay between workloads (reads read what earlier
 # writes left; fio lays out missing ones first, outside the measurement).
@@ -31,11 +32,51 @@ bench_run() {
 	return $_rc
 }
 
+# uptime_cs prints the time since boot in centiseconds (busybox's date has
+# no %N; 10 ms is fine beside operations on 1,500 files under TCG).
+uptime_cs() {
+	read -r _up _ </proc/uptime
+	echo "${_up%.*}${_up#*.}"
+}
+
+# files_run NAME OP COUNT: one metadata phase over a directory of COUNT
+# files, each phase one process (so the guest's fork and exec do not
+# dominate): create (touch through xargs), ls (ls -l), stat (stat of every
+# file), unlink (rm of every file). Output: "E2E-TIME NAME CENTISECONDS".
+files_run() {
+	_fd=$_dir/files
+	case $2 in
+	create)
+		rm -rf $_fd
+		mkdir -p $_fd
+		seq "$3" | sed "s|^|$_fd/f|" >/tmp/files.list
+		_t0=$(uptime_cs)
+		xargs touch </tmp/files.list || return 1
+		;;
+	ls)
+		_t0=$(uptime_cs)
+		ls -l $_fd >/dev/null || return 1
+		;;
+	stat)
+		_t0=$(uptime_cs)
+		xargs stat </tmp/files.list >/dev/null || return 1
+		;;
+	unlink)
+		_t0=$(uptime_cs)
+		xargs rm </tmp/files.list || return 1
+		;;
+	esac
+	echo "E2E-TIME $1 $(($(uptime_cs) - _t0))"
+}
+
 while :; do
 	_w=$(e2e_ask bench-next)
 	case $_w in '' | done) break ;; esac
 	# shellcheck disable=SC2086
 	set -- $_w
-	step "bench-$1" bench_run "$@"
+	case $2 in
+	files) step "bench-$1" files_run "$1" "$3" "$4" ;;
+	*) step "bench-$1" bench_run "$@" ;;
+	esac
 done
 step bench-rm rm -rf $_dir
