@@ -26,9 +26,11 @@ type benchConfig struct {
 }
 
 var benchConfigs = []benchConfig{
-	// Ours with its default settings (info log, as in production).
-	{name: "ours", kind: ourDaemon, extra: []string{"--log-level", "info"}, queues: 1},
-	{name: "ours-2q", kind: ourDaemon, extra: []string{"--log-level", "info"}, queues: 2},
+	// Ours with its default settings (info log, as in production) but for
+	// the cache: never, as the references run (startDaemon). Before issue
+	// 24 ours ran here with its default cache (auto).
+	{name: "ours", kind: ourDaemon, extra: []string{"--cache", "never", "--log-level", "info"}, queues: 1},
+	{name: "ours-2q", kind: ourDaemon, extra: []string{"--cache", "never", "--log-level", "info"}, queues: 2},
 	// The reference C daemon: its default (0: every request inline on the
 	// queue thread) and a pool of 2.
 	{name: "ref-pool0", kind: refDaemon, extra: []string{"--thread-pool-size=0"}, queues: 1},
@@ -43,8 +45,8 @@ var benchConfigs = []benchConfig{
 // benchOptionalConfigs run only when GOVIRTIOFSD_BENCH_CONFIGS names them:
 // ours with every request inline (0) and with Kata's --thread-pool-size=1.
 var benchOptionalConfigs = []benchConfig{
-	{name: "ours-pool0", kind: ourDaemon, extra: []string{"--log-level", "info", "--thread-pool-size=0"}, queues: 1},
-	{name: "ours-pool1", kind: ourDaemon, extra: []string{"--log-level", "info", "--thread-pool-size=1"}, queues: 1},
+	{name: "ours-pool0", kind: ourDaemon, extra: []string{"--cache", "never", "--log-level", "info", "--thread-pool-size=0"}, queues: 1},
+	{name: "ours-pool1", kind: ourDaemon, extra: []string{"--cache", "never", "--log-level", "info", "--thread-pool-size=1"}, queues: 1},
 }
 
 // benchWorkload is one fio run (guest-scripts/bench.sh).
@@ -174,8 +176,8 @@ func TestBenchGuest(t *testing.T) {
 			t.Fatalf("GOVIRTIOFSD_BENCH_ALT: %v", err)
 		}
 		cfgs = append(cfgs,
-			benchConfig{name: "alt", kind: altDaemon, extra: []string{"--log-level", "info"}, queues: 1},
-			benchConfig{name: "alt-2q", kind: altDaemon, extra: []string{"--log-level", "info"}, queues: 2})
+			benchConfig{name: "alt", kind: altDaemon, extra: []string{"--cache", "never", "--log-level", "info"}, queues: 1},
+			benchConfig{name: "alt-2q", kind: altDaemon, extra: []string{"--cache", "never", "--log-level", "info"}, queues: 2})
 	}
 	all := append(slices.Clone(cfgs), benchOptionalConfigs...)
 	if s := os.Getenv("GOVIRTIOFSD_BENCH_CONFIGS"); s != "" {
