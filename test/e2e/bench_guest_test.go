@@ -43,10 +43,16 @@ var benchConfigs = []benchConfig{
 }
 
 // benchOptionalConfigs run only when GOVIRTIOFSD_BENCH_CONFIGS names them:
-// ours with every request inline (0) and with Kata's --thread-pool-size=1.
+// ours with every request inline (0) and with Kata's --thread-pool-size=1;
+// and each daemon with its default cache (auto) instead of never, for the
+// files-* rows (startDaemon leaves its cache=none out when extra names a
+// cache).
 var benchOptionalConfigs = []benchConfig{
 	{name: "ours-pool0", kind: ourDaemon, extra: []string{"--cache", "never", "--log-level", "info", "--thread-pool-size=0"}, queues: 1},
 	{name: "ours-pool1", kind: ourDaemon, extra: []string{"--cache", "never", "--log-level", "info", "--thread-pool-size=1"}, queues: 1},
+	{name: "ours-auto", kind: ourDaemon, extra: []string{"--cache", "auto", "--log-level", "info"}, queues: 1},
+	{name: "ref-pool0-auto", kind: refDaemon, extra: []string{"-o", "cache=auto", "--thread-pool-size=0"}, queues: 1},
+	{name: "rust-pool0-auto", kind: rustDaemon, extra: []string{"--cache", "auto", "--thread-pool-size=0"}, queues: 1},
 }
 
 // benchWorkload is one fio run (guest-scripts/bench.sh).
@@ -140,7 +146,7 @@ const benchOtherLoad = 0.3
 // GOVIRTIOFSD_BENCH_ROUNDS rounds over all workloads (default 2),
 // GOVIRTIOFSD_BENCH_SIZE file size per job (default 64M),
 // GOVIRTIOFSD_BENCH_CONFIGS a comma-separated subset of ours, ours-2q,
-// ref-pool0, ref-pool2, rust-pool0, rust-pool2, and of ours-pool0 and ours-pool1, which run only
+// ref-pool0, ref-pool2, rust-pool0, rust-pool2, and of ours-pool0, ours-pool1, ours-auto, ref-pool0-auto and rust-pool0-auto, which run only
 // when named (and alt, alt-2q: the build GOVIRTIOFSD_BENCH_ALT names, with
 // our default settings, for A/B comparisons in one run),
 // GOVIRTIOFSD_BENCH_WORKLOADS a regexp on workload names.

@@ -318,10 +318,16 @@ func startDaemon(t *testing.T, kind daemonKind, sock, shared, logPath string, ex
 	var cmd *exec.Cmd
 	switch kind {
 	case refDaemon:
-		args := []string{"--socket-path=" + sock, "-o", "source=" + shared, "-o", "cache=none"}
+		args := []string{"--socket-path=" + sock, "-o", "source=" + shared}
+		if !slices.ContainsFunc(extra, func(a string) bool { return strings.HasPrefix(a, "cache=") }) {
+			args = append(args, "-o", "cache=none")
+		}
 		cmd = exec.Command(referenceDaemon, append(args, extra...)...)
 	case rustDaemon:
-		args := []string{"--socket-path", sock, "--shared-dir", shared, "--cache", "never"}
+		args := []string{"--socket-path", sock, "--shared-dir", shared}
+		if !slices.Contains(extra, "--cache") {
+			args = append(args, "--cache", "never")
+		}
 		cmd = exec.Command(peersBin(t, rustDaemonName), append(args, extra...)...)
 	default:
 		args := []string{"--socket-path", sock, "--shared-dir", shared, "--log-level", "debug"}
