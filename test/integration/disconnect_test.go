@@ -82,8 +82,8 @@ func TestDisconnectMidRequest(t *testing.T) {
 		rings int
 		size  int
 		after int64 // completions to wait for before disconnecting
-		// oneFile: every ring writes the same file, so writes popped on
-		// one ring are lent to the server of another.
+		// oneFile: every ring writes the same file, so its inode lock is
+		// contended by the servers of several rings.
 		oneFile bool
 	}{
 		{"one-ring-1MiB-writes-at-once", 1, 1 << 20, 0, false},

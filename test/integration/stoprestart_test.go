@@ -337,19 +337,18 @@ func TestGuestResetInFlight(t *testing.T) {
 	noViolations(t, dev)
 }
 
-// TestStopRestartLentWrites: with two request rings, large O_APPEND writes
-// to the same two files arrive on both rings, so the daemon defers writes
-// popped on one ring to the server already writing the file on the other.
-// Ring 2 is stopped and restarted again and again while that goes on;
-// GET_VRING_BASE must still equal ring 2's used.idx (a chain lent to ring
-// 1's server is answered before the stop is), and after all iterations each
-// record is in its file exactly once.
-func TestStopRestartLentWrites(t *testing.T) {
+// TestStopRestartSameFileWrites: with two request rings, large O_APPEND
+// writes to the same two files arrive on both rings, served side by side by
+// the rings' servers. Ring 2 is stopped and restarted again and again while
+// that goes on; GET_VRING_BASE must still equal ring 2's used.idx (every
+// chain it popped is answered before the stop is), and after all
+// iterations each record is in its file exactly once.
+func TestStopRestartSameFileWrites(t *testing.T) {
 	iters := max(envInt("GOVIRTIOFSD_STRESS_ITER", 1000)/10, 10)
 	const (
 		files     = 2
 		perRing   = 6
-		recordLen = 64 << 10 // large: the daemon defers writes of 32 KiB and up
+		recordLen = 64 << 10 // large (32 KiB and up): may wake a second server
 	)
 	d := startDaemon(t, "--queues", "2")
 	o := opts()
@@ -359,7 +358,7 @@ func TestStopRestartLentWrites(t *testing.T) {
 	c.mount()
 	var nodes, fhs [files]uint64
 	for i := range files {
-		nodes[i], fhs[i] = c.create(vmm.RootID, fmt.Sprintf("lent%d", i), syscall.O_WRONLY|syscall.O_APPEND)
+		nodes[i], fhs[i] = c.create(vmm.RootID, fmt.Sprintf("shared%d", i), syscall.O_WRONLY|syscall.O_APPEND)
 	}
 	tag := func(it, ring, i int) []byte {
 		return fmt.Appendf(nil, "%07d:%d:%02d:%03d\n", it, ring, i, it%997)[:16]
@@ -406,24 +405,24 @@ func TestStopRestartLentWrites(t *testing.T) {
 		}
 	}
 	for f := range files {
-		got := d.hostFile(fmt.Sprintf("lent%d", f))
+		got := d.hostFile(fmt.Sprintf("shared%d", f))
 		seen := map[string]int{}
 		for off := 0; off+recordLen <= len(got); off += recordLen {
 			r := got[off : off+recordLen]
 			if !bytes.Equal(r, bytes.Repeat(r[:16], recordLen/16)) {
-				t.Fatalf("lent%d: record at %d is torn", f, off)
+				t.Fatalf("shared%d: record at %d is torn", f, off)
 			}
 			seen[string(r[:16])]++
 		}
 		want := iters * 2 * perRing / files
 		if len(got) != want*recordLen {
-			t.Errorf("lent%d: %d bytes, want %d records of %d", f, len(got), want, recordLen)
+			t.Errorf("shared%d: %d bytes, want %d records of %d", f, len(got), want, recordLen)
 		}
 		for it := range iters {
 			for ring := 1; ring <= 2; ring++ {
 				for i := f; i < perRing; i += files {
 					if n := seen[string(tag(it, ring, i))]; n != 1 {
-						t.Fatalf("lent%d: record of iteration %d, ring %d, write %d found %d times", f, it, ring, i, n)
+						t.Fatalf("shared%d: record of iteration %d, ring %d, write %d found %d times", f, it, ring, i, n)
 					}
 				}
 			}
