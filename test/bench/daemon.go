@@ -178,12 +178,8 @@ func ProcessMemory(pids []int) Mem {
 			continue
 		}
 		m.Procs++
-		for _, line := range strings.Split(string(data), "\n") {
-			k, v, ok := strings.Cut(line, ":")
-			if !ok {
-				continue
-			}
-			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+		procFields(data, func(k string, v int64) {
+			n := int(v)
 			switch k {
 			case "RssAnon":
 				m.RssAnon += n
@@ -196,9 +192,22 @@ func ProcessMemory(pids []int) Mem {
 			case "Threads":
 				m.Threads += n
 			}
-		}
+		})
 	}
 	return m
+}
+
+// procFields calls fn with each "key: number [kB]" line of a /proc file
+// (status, sched); lines whose value is not a number give 0.
+func procFields(data []byte, fn func(key string, n int64)) {
+	for _, line := range strings.Split(string(data), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		fn(strings.TrimSpace(k), n)
+	}
 }
 
 // CPU returns user+system time of the daemon's processes so far.

@@ -60,13 +60,8 @@ func ProcessSched(pids []int) Sched {
 			if err != nil {
 				continue
 			}
-			for _, line := range strings.Split(string(b), "\n") {
-				k, v, ok := strings.Cut(line, ":")
-				if !ok {
-					continue
-				}
-				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-				switch strings.TrimSpace(k) {
+			procFields(b, func(k string, n int64) {
+				switch k {
 				case "nr_voluntary_switches":
 					s.Voluntary += n
 				case "nr_involuntary_switches":
@@ -74,7 +69,7 @@ func ProcessSched(pids []int) Sched {
 				case "se.nr_migrations":
 					s.Migrations += n
 				}
-			}
+			})
 		}
 	}
 	return s

@@ -544,15 +544,9 @@ func (sr *SuiteResult) Print(out io.Writer) {
 	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, strings.Join(hdr[:len(o.Configs)+1], "\t")+"\tp99 ratio\t")
 	for _, w := range o.Workloads {
-		row := []string{w.Name}
-		for _, c := range o.Configs {
-			m := median(sr.Cells[w.Name][c.Name], w)
-			if m == nil {
-				row = append(row, "-")
-				continue
-			}
-			row = append(row, fmtDur(m.Res.Lat.quantile(0.5))+" / "+fmtDur(m.Res.Lat.quantile(0.99)))
-		}
+		row := sr.configRow(w, func(m *Cell) string {
+			return fmtDur(m.Res.Lat.quantile(0.5)) + " / " + fmtDur(m.Res.Lat.quantile(0.99))
+		})
 		best := time.Duration(0)
 		for _, n := range append(slices.Clone(RefCompared), RustCompared...) {
 			if p, ok := medianP99(sr.Cells[w.Name][n]); ok && (best == 0 || p < best) {
@@ -572,17 +566,11 @@ func (sr *SuiteResult) Print(out io.Writer) {
 	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, strings.Join(hdr[:len(o.Configs)+1], "\t")+"\t")
 	for _, w := range o.Workloads {
-		row := []string{w.Name}
-		for _, c := range o.Configs {
-			m := median(sr.Cells[w.Name][c.Name], w)
-			if m == nil {
-				row = append(row, missing(sr.Cells[w.Name][c.Name]))
-				continue
-			}
+		row := sr.configRow(w, func(m *Cell) string {
 			s := m.Res.Elapsed.Seconds()
-			row = append(row, fmt.Sprintf("%.2f / %.2f / %.2f  %.1fµs", m.DaemonCPU.Seconds()/s, m.Res.FrontCPU.Seconds()/s,
-				m.Res.OtherCPU.Seconds()/s, m.Res.FrontCPU.Seconds()*1e6/float64(max(m.Res.Ops, 1))))
-		}
+			return fmt.Sprintf("%.2f / %.2f / %.2f  %.1fµs", m.DaemonCPU.Seconds()/s, m.Res.FrontCPU.Seconds()/s,
+				m.Res.OtherCPU.Seconds()/s, m.Res.FrontCPU.Seconds()*1e6/float64(max(m.Res.Ops, 1)))
+		})
 		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
 	tw.Flush()
@@ -592,15 +580,9 @@ func (sr *SuiteResult) Print(out io.Writer) {
 	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, strings.Join(hdr[:len(o.Configs)+1], "\t")+"\t")
 	for _, w := range o.Workloads {
-		row := []string{w.Name}
-		for _, c := range o.Configs {
-			m := median(sr.Cells[w.Name][c.Name], w)
-			if m == nil {
-				row = append(row, missing(sr.Cells[w.Name][c.Name]))
-				continue
-			}
-			row = append(row, m.Sched.PerOp(int64(m.Res.Ops))+" | "+m.FrontSched.PerOp(int64(m.Res.Ops)))
-		}
+		row := sr.configRow(w, func(m *Cell) string {
+			return m.Sched.PerOp(int64(m.Res.Ops)) + " | " + m.FrontSched.PerOp(int64(m.Res.Ops))
+		})
 		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
 	tw.Flush()
@@ -704,6 +686,21 @@ func (sr *SuiteResult) printCeiling(out io.Writer) {
 		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
 	}
 	tw.Flush()
+}
+
+// configRow is w's row of a per-configuration table: cell formats each
+// configuration's run with the median rate.
+func (sr *SuiteResult) configRow(w Workload, cell func(m *Cell) string) []string {
+	row := []string{w.Name}
+	for _, c := range sr.Opts.Configs {
+		cells := sr.Cells[w.Name][c.Name]
+		if m := median(cells, w); m != nil {
+			row = append(row, cell(m))
+		} else {
+			row = append(row, missing(cells))
+		}
+	}
+	return row
 }
 
 // missing is what a table shows for a configuration without a figure:
