@@ -125,16 +125,7 @@ func TestMigrateFromRust(t *testing.T) {
 		t.Fatalf("lost node: %v", errno)
 	}
 	// New ids are new; FORGET and RELEASE free everything.
-	for k := range 100 {
-		os.WriteFile(dst.path(fmt.Sprint("n", k)), nil, 0o644)
-		e := dst.lookup(rootID, fmt.Sprint("n", k))
-		h := dst.open(e.NodeId, unix.O_RDONLY)
-		if slices.Contains(nodes, e.NodeId) || slices.Contains(handles, h) {
-			t.Fatalf("new id collides: node %#x handle %#x", e.NodeId, h)
-		}
-		dst.release(e.NodeId, h)
-		dst.Forget(e.NodeId, 1)
-	}
+	checkNewIDs(t, dst, 100, nodes, handles)
 	dst.release(9, 0)
 	dst.ReleaseDir(&gofuse.ReleaseIn{InHeader: *hdr(8), Fh: 1})
 	dst.ReleaseDir(&gofuse.ReleaseIn{InHeader: *hdr(rootID), Fh: 2})

@@ -241,16 +241,7 @@ func TestMigrateRoundTrip(t *testing.T) {
 		t.Fatalf("root listing %q", names)
 	}
 	// New objects get ids that collide with none restored.
-	for k := range 200 {
-		os.WriteFile(dst.path(fmt.Sprintf("n%d", k)), nil, 0o644)
-		e := dst.lookup(rootID, fmt.Sprintf("n%d", k))
-		h := dst.open(e.NodeId, unix.O_RDONLY)
-		if slices.Contains(sn, e.NodeId) || slices.Contains(sh, h) {
-			t.Fatalf("new id collides: node %#x handle %#x", e.NodeId, h)
-		}
-		dst.release(e.NodeId, h)
-		dst.Forget(e.NodeId, 1)
-	}
+	checkNewIDs(t, dst, 200, sn, sh)
 	// RELEASE and FORGET free the restored objects.
 	dst.release(f, fh)
 	dst.release(f, rofh)
@@ -380,6 +371,23 @@ func TestMigrateUnreachable(t *testing.T) {
 			}
 		}
 	})
+}
+
+// checkNewIDs creates, looks up, opens and lets go of n new files in f's
+// root: no node or handle id they get may be one of the restored ones.
+func checkNewIDs(t *testing.T, f *testFS, n int, nodes, handles []uint64) {
+	t.Helper()
+	for k := range n {
+		name := fmt.Sprintf("n%d", k)
+		os.WriteFile(f.path(name), nil, 0o644)
+		e := f.lookup(rootID, name)
+		h := f.open(e.NodeId, unix.O_RDONLY)
+		if slices.Contains(nodes, e.NodeId) || slices.Contains(handles, h) {
+			t.Fatalf("new id collides: node %#x handle %#x", e.NodeId, h)
+		}
+		f.release(e.NodeId, h)
+		f.Forget(e.NodeId, 1)
+	}
 }
 
 // checkStale: every request on stale file u (open as fh) and stale
