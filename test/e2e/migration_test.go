@@ -788,17 +788,7 @@ func scenarioMigrateBackAndForth(m *migEnv) {
 // fds must keep working, the appends landing in the renamed file.
 func scenarioMigrateRename(m *migEnv) {
 	t := m.t
-	m.startHop("--migration-confirm-paths")
-	m.waitAsk(1)
-	src := m.cur
-	dst := m.startHop()
-	// Slow at first, so the renames land while RAM is still being copied.
-	prepareMigration(src.v, dst.v, migrateOptions{MaxBandwidth: 16 << 20})
-	start := time.Now()
-	if err := src.v.startMigration(dst.incoming); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
-	waitMigrationActive(t, src.v)
+	src, dst, start := m.startSlowMigration(16<<20, "--migration-confirm-paths")
 	for _, n := range []string{"read", "append"} {
 		from, to := filepath.Join(m.shared, "mig", n+".txt"), filepath.Join(m.shared, "mig", n+"-renamed.txt")
 		if err := os.Rename(from, to); err != nil {
@@ -818,6 +808,26 @@ func scenarioMigrateRename(m *migEnv) {
 	r := m.judgeGuest(1)
 	m.checkShare(r, "read-renamed.txt", "append-renamed.txt")
 	m.checkNodeIDs()
+}
+
+// startSlowMigration starts the source hop with srcFlags, waits for the
+// guest's first ask, starts the destination hop and a migration limited to
+// bandwidth bytes a second (slow, so the scenario acts while RAM is being
+// copied), and returns once it is active, with when it started.
+func (m *migEnv) startSlowMigration(bandwidth int64, srcFlags ...string) (src, dst *migHop, start time.Time) {
+	t := m.t
+	t.Helper()
+	m.startHop(srcFlags...)
+	m.waitAsk(1)
+	src = m.cur
+	dst = m.startHop()
+	prepareMigration(src.v, dst.v, migrateOptions{MaxBandwidth: bandwidth})
+	start = time.Now()
+	if err := src.v.startMigration(dst.incoming); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	waitMigrationActive(t, src.v)
+	return src, dst, start
 }
 
 // waitMigrationActive waits until query-migrate says active.
@@ -951,16 +961,7 @@ func scenarioMigrateFileHandles(m *migEnv) {
 // the guest goes on reading its file there.
 func scenarioMigrateVerifyHandles(m *migEnv) {
 	t := m.t
-	m.startHop("--migration-verify-handles")
-	m.waitAsk(1)
-	src := m.cur
-	dst := m.startHop()
-	prepareMigration(src.v, dst.v, migrateOptions{MaxBandwidth: 16 << 20})
-	start := time.Now()
-	if err := src.v.startMigration(dst.incoming); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
-	waitMigrationActive(t, src.v)
+	src, dst, start := m.startSlowMigration(16<<20, "--migration-verify-handles")
 	path := filepath.Join(m.shared, "mig", "read.txt")
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -991,16 +992,7 @@ func scenarioMigrateVerifyHandles(m *migEnv) {
 // guest goes on there; the destination QEMU and daemon exit.
 func scenarioMigrateCancel(m *migEnv) {
 	t := m.t
-	m.startHop()
-	m.waitAsk(1)
-	src := m.cur
-	dst := m.startHop()
-	prepareMigration(src.v, dst.v, migrateOptions{MaxBandwidth: 4 << 20})
-	start := time.Now()
-	if err := src.v.startMigration(dst.incoming); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
-	waitMigrationActive(t, src.v)
+	src, dst, start := m.startSlowMigration(4 << 20)
 	time.Sleep(3 * time.Second)
 	src.v.cancelMigration()
 	info := src.v.waitMigration(0)
