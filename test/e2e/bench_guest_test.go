@@ -114,8 +114,9 @@ type benchRun struct {
 // benchSample is one workload run: its figure and the CPU the rest of the
 // host used meanwhile.
 type benchSample struct {
-	val   float64 // MiB/s or IOPS (benchValue)
-	other float64 // cores busy outside this test's daemons and guests
+	val      float64 // MiB/s or IOPS (benchValue)
+	other    float64 // cores busy outside this test's daemons and guests
+	p50, p99 float64 // fio's completion latency percentiles, µs (fio workloads)
 }
 
 // benchOtherLoad: samples taken while other processes kept more than this
@@ -300,7 +301,7 @@ func TestBenchGuest(t *testing.T) {
 					t.Errorf("%s: %s failed (rc=%d, error=%d)", r.cfg.name, w.name, st, res.Error)
 					continue
 				}
-				r.res[w.name] = append(r.res[w.name], benchSample{val: benchValue(w, res), other: other})
+				r.res[w.name] = append(r.res[w.name], benchSample{val: benchValue(w, res), other: other, p50: res.P50us, p99: res.P99us})
 			}
 			t.Logf("round %d %-22s %s", round+1, w.name, benchLine(runs, w))
 		}
@@ -560,12 +561,51 @@ func benchTable(runs []*benchRun, workloads []benchWorkload, k guestKernel, runt
 		}
 		b.WriteString("\n")
 	}
+	benchLatencyTable(&b, runs, workloads)
 	for _, r := range runs {
 		if r.failed != "" {
 			fmt.Fprintf(&b, "%s failed: %s\n", r.cfg.name, r.failed)
 		}
 	}
 	return b.String()
+}
+
+// benchLatencyTable adds fio's completion latency, p50/p99 in µs, of the
+// sample each configuration's row above shows (its best round), with ours'
+// p99 over the lowest reference p99.
+func benchLatencyTable(b *strings.Builder, runs []*benchRun, workloads []benchWorkload) {
+	fmt.Fprintf(b, "\nCompletion latency p50/p99 (µs, fio clat) of the same samples; p99 ratio = ours / the lowest p99 of\n")
+	fmt.Fprintf(b, "ref-pool0, ref-pool2, rust-pool0, rust-pool2.\n\n%-24s", "workload")
+	for _, r := range runs {
+		fmt.Fprintf(b, " %13s", r.cfg.name)
+	}
+	b.WriteString("  p99 ratio\n")
+	for _, w := range workloads {
+		if w.rw == "files" {
+			continue
+		}
+		fmt.Fprintf(b, "%-24s", w.name)
+		ours, refBest := math.NaN(), math.Inf(1)
+		for _, r := range runs {
+			s, ok := r.best(w)
+			if !ok || s.p99 == 0 {
+				fmt.Fprintf(b, " %13s", "-")
+				continue
+			}
+			fmt.Fprintf(b, " %13s", fmt.Sprintf("%.0f/%.0f", s.p50, s.p99))
+			switch r.cfg.name {
+			case "ours":
+				ours = s.p99
+			case "ref-pool0", "ref-pool2", "rust-pool0", "rust-pool2":
+				refBest = math.Min(refBest, s.p99)
+			}
+		}
+		if math.IsNaN(ours) || math.IsInf(refBest, 1) {
+			b.WriteString("  -\n")
+		} else {
+			fmt.Fprintf(b, "  %.2fx\n", ours/refBest)
+		}
+	}
 }
 
 // cpuSample is the host's busy CPU time and that of the given process

@@ -20,12 +20,15 @@ type fioResult struct {
 	BWKiB     int64 // KiB/s
 	IOPS      float64
 	RuntimeMS int64
+	// Completion latency percentiles in µs (0 if fio printed none).
+	P50us, P99us float64
 }
 
 var reFio = regexp.MustCompile(`E2E-FIO (\S+) (3;.*)$`)
 
 // parseFioTerse reads a terse v3 line: field 5 is the error, 6-9 read
-// (KiB, KiB/s, IOPS, ms), 47-50 the same for writes (1-based).
+// (KiB, KiB/s, IOPS, ms), 18-37 the read completion latency percentiles
+// ("99.000000%=123", µs), and from 47 on the same for writes (1-based).
 func parseFioTerse(job, line string) (fioResult, error) {
 	f := strings.Split(line, ";")
 	if len(f) < 50 {
@@ -44,6 +47,19 @@ func parseFioTerse(job, line string) (fioResult, error) {
 	r.BWKiB, _ = strconv.ParseInt(f[base+1], 10, 64)
 	r.IOPS, _ = strconv.ParseFloat(f[base+2], 64)
 	r.RuntimeMS, _ = strconv.ParseInt(f[base+3], 10, 64)
+	for _, p := range f[base+12 : base+32] {
+		pct, us, ok := strings.Cut(p, "%=")
+		v, err := strconv.ParseFloat(us, 64)
+		if !ok || err != nil {
+			continue
+		}
+		switch pct {
+		case "50.000000":
+			r.P50us = v
+		case "99.000000":
+			r.P99us = v
+		}
+	}
 	return r, nil
 }
 

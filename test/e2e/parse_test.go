@@ -59,13 +59,15 @@ func TestParseFioTerse(t *testing.T) {
 	f[0], f[1], f[2], f[4] = "3", "fio-3.33", "j", "0"
 	f[5], f[6], f[7], f[8] = "32768", "71545", "69.5", "458"
 	f[46], f[47], f[48], f[49] = "8192", "6517", "1629", "1257"
+	f[23], f[29] = "50.000000%=64", "99.000000%=123" // read clat percentiles
+	f[46+18], f[46+24] = "50.000000%=245", "99.000000%=1417"
 	line := strings.Join(f, ";")
 	r, err := parseFioTerse("seq-1m-direct-read", line)
-	if err != nil || r.KiB != 32768 || r.BWKiB != 71545 || r.IOPS != 69.5 || r.RuntimeMS != 458 {
+	if err != nil || r.KiB != 32768 || r.BWKiB != 71545 || r.IOPS != 69.5 || r.RuntimeMS != 458 || r.P50us != 64 || r.P99us != 123 {
 		t.Fatalf("read pass: %+v, %v", r, err)
 	}
 	w, err := parseFioTerse("rand-4k-direct-write", line)
-	if err != nil || w.KiB != 8192 || w.BWKiB != 6517 || w.IOPS != 1629 || w.RuntimeMS != 1257 {
+	if err != nil || w.KiB != 8192 || w.BWKiB != 6517 || w.IOPS != 1629 || w.RuntimeMS != 1257 || w.P50us != 245 || w.P99us != 1417 {
 		t.Fatalf("write pass: %+v, %v", w, err)
 	}
 	if _, err := parseFioTerse("x-read", "3;fio;x;0;0"); err == nil {
