@@ -24,7 +24,7 @@ type vring struct {
 	num     uint16
 	addr    vringAddr
 	hasAddr bool
-	base    uint16
+	base    uint32 // SET_VRING_BASE's value (virtqueue.Config.Base)
 	enabled bool
 
 	kickFD int // -1: none received yet
@@ -66,7 +66,8 @@ func (r *vring) start() error {
 		DescAddr:  r.addr.desc,
 		AvailAddr: r.addr.avail,
 		UsedAddr:  r.addr.used,
-		AvailBase: r.base,
+		Packed:    r.b.acked&featRingPacked != 0,
+		Base:      r.base,
 		EventIdx:  r.b.acked&featEventIdx != 0,
 		Indirect:  r.b.acked&featIndirectDesc != 0,
 		// Buffers outside guest memory (a DAX window) can be bounced
@@ -85,7 +86,7 @@ func (r *vring) start() error {
 	if len(r.slots) > 0 && r.slots[0].chain.Cap() != int(r.num) {
 		r.slots = nil // a new queue size: each server makes its slot again
 	}
-	r.b.log.Debug("ring started", "queue", r.index, "size", r.num, "base", r.base,
+	r.b.log.Debug("ring started", "queue", r.index, "size", r.num, "base", r.base, "packed", q.Packed(),
 		"event_idx", r.b.acked&featEventIdx != 0, "indirect", r.b.acked&featIndirectDesc != 0)
 	return nil
 }
@@ -110,10 +111,10 @@ func (r *vring) pause() {
 
 // stop pauses the ring, records where it stopped and releases its Queue: the
 // GET_VRING_BASE semantics.
-func (r *vring) stop() uint16 {
+func (r *vring) stop() uint32 {
 	r.pause()
 	if r.queue != nil {
-		r.base = r.queue.LastAvail()
+		r.base = r.queue.Base()
 		r.queue.Close()
 		r.queue = nil
 	}

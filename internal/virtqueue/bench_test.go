@@ -41,7 +41,7 @@ func benchPopPush(b *testing.B, pages int) {
 		if !ok || err != nil {
 			b.Fatal(ok, err)
 		}
-		q.Push(c.Head, 24)
+		q.Push(c.Token, 24)
 	}
 	b.StopTimer()
 	if n := len(c.Readable.Segments()); n != pages+2 {
