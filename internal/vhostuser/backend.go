@@ -449,7 +449,7 @@ func (b *Backend) setVringBase(m *Message) error {
 	if s.num > 0xffff && b.acked&featRingPacked == 0 {
 		return fmt.Errorf("ring %d base %d beyond 16 bits (split ring)", s.index, s.num)
 	}
-	r.base = s.num
+	r.base, r.baseSet = s.num, true
 	return nil
 }
 

@@ -25,6 +25,7 @@ type vring struct {
 	addr    vringAddr
 	hasAddr bool
 	base    uint32 // SET_VRING_BASE's value (virtqueue.Config.Base)
+	baseSet bool   // base was given (or kept by a stop) since the last reset
 	enabled bool
 
 	kickFD int // -1: none received yet
@@ -61,12 +62,18 @@ func (r *vring) start() error {
 		return errors.New("no memory table")
 	}
 	defer mem.Put()
+	packed := r.b.acked&featRingPacked != 0
+	if packed && !r.baseSet {
+		// A front end that sends no base starts where the spec starts
+		// a packed ring: indices 0, both wrap counters 1.
+		r.base = 1<<15 | 1<<31
+	}
 	q, err := virtqueue.New(virtqueue.Config{
 		Size:      r.num,
 		DescAddr:  r.addr.desc,
 		AvailAddr: r.addr.avail,
 		UsedAddr:  r.addr.used,
-		Packed:    r.b.acked&featRingPacked != 0,
+		Packed:    packed,
 		Base:      r.base,
 		EventIdx:  r.b.acked&featEventIdx != 0,
 		Indirect:  r.b.acked&featIndirectDesc != 0,
@@ -114,7 +121,7 @@ func (r *vring) pause() {
 func (r *vring) stop() uint32 {
 	r.pause()
 	if r.queue != nil {
-		r.base = r.queue.Base()
+		r.base, r.baseSet = r.queue.Base(), true
 		r.queue.Close()
 		r.queue = nil
 	}
@@ -150,6 +157,6 @@ func (r *vring) reset() {
 	r.stop()
 	r.setCall(-1)
 	r.setErr(-1)
-	r.num, r.base, r.enabled, r.hasAddr = 0, 0, false, false
+	r.num, r.base, r.baseSet, r.enabled, r.hasAddr = 0, 0, false, false, false
 	r.addr = vringAddr{}
 }
