@@ -574,6 +574,9 @@ func benchTable(runs []*benchRun, workloads []benchWorkload, k guestKernel, runt
 // sample each configuration's row above shows (its best round), with ours'
 // p99 over the lowest reference p99.
 func benchLatencyTable(b *strings.Builder, runs []*benchRun, workloads []benchWorkload) {
+	if !slices.ContainsFunc(workloads, func(w benchWorkload) bool { return w.rw != "files" }) {
+		return // files-* only: no fio latencies
+	}
 	fmt.Fprintf(b, "\nCompletion latency p50/p99 (µs, fio clat) of the same samples; p99 ratio = ours / the lowest p99 of\n")
 	fmt.Fprintf(b, "ref-pool0, ref-pool2, rust-pool0, rust-pool2.\n\n%-24s", "workload")
 	for _, r := range runs {
