@@ -276,41 +276,69 @@ func (q *Queue) setPacked(p bool) error {
 
 // ---- raw packed ring access ----
 
-// tail returns the aligned 32-bit word {le16 id, le16 flags} of slot i: the
-// driver makes a descriptor available, and the device marks it used, by
-// storing it last.
-func (q *Queue) tail(i uint16) *uint32 {
-	w, _ := word(q.desc, int(i)*DescSize+12)
+// The ring accessors below take the ring's bytes rather than a Queue so
+// that the in-test device (packed_test.go) can use them too.
+
+// tail returns the aligned 32-bit word {le16 id, le16 flags} of slot i of
+// a descriptor ring: the driver makes a descriptor available, and the
+// device marks it used, by storing it last.
+func tail(desc []byte, i uint16) *uint32 {
+	w, _ := word(desc, int(i)*DescSize+12)
 	return w
 }
 
-func (q *Queue) loadTail(i uint16) (id, flags uint16) {
-	v := atomic.LoadUint32(q.tail(i))
+func loadTail(desc []byte, i uint16) (id, flags uint16) {
+	v := atomic.LoadUint32(tail(desc, i))
 	return uint16(v), uint16(v >> 16)
 }
 
-func (q *Queue) storeTail(i, id, flags uint16) {
-	atomic.StoreUint32(q.tail(i), uint32(id)|uint32(flags)<<16)
+func storeTail(desc []byte, i, id, flags uint16) {
+	atomic.StoreUint32(tail(desc, i), uint32(id)|uint32(flags)<<16)
 }
 
-// WritePackedDesc writes slot i (i < Size) of a packed ring as is,
-// addr and len first and {id, flags} last in one atomic store, so that a
-// descriptor made available this way is complete when the device sees it.
-func (q *Queue) WritePackedDesc(i uint16, d PackedDesc) {
-	q.packedOnly("WritePackedDesc")
-	b := q.desc[int(i)*DescSize:]
+// writePackedDesc writes addr and len, then {id, flags} in one atomic
+// store, so that a descriptor made available this way is complete when the
+// device sees it.
+func writePackedDesc(desc []byte, i uint16, d PackedDesc) {
+	b := desc[int(i)*DescSize:]
 	le.PutUint64(b, d.Addr)
 	le.PutUint32(b[8:], d.Len)
-	q.storeTail(i, d.ID, d.Flags)
+	storeTail(desc, i, d.ID, d.Flags)
 }
 
-// ReadPackedDesc reads slot i of a packed ring, flags first (so that addr
-// and len are at least as new as the flags say).
+// readPackedDesc reads the flags first, so that addr and len are at least
+// as new as the flags say.
+func readPackedDesc(desc []byte, i uint16) PackedDesc {
+	id, flags := loadTail(desc, i)
+	b := desc[int(i)*DescSize:]
+	return PackedDesc{Addr: le.Uint64(b), Len: le.Uint32(b[8:]), ID: id, Flags: flags}
+}
+
+// loadEvent and storeEvent access an event area {le16 off_wrap, le16
+// flags} as one word: a reader never sees a new flags value with a stale
+// offset, and the store is the full barrier that a re-check after it needs.
+func loadEvent(area []byte) (offWrap, flags uint16) {
+	w, _ := word(area, 0)
+	v := atomic.LoadUint32(w)
+	return uint16(v), uint16(v >> 16)
+}
+
+func storeEvent(area []byte, offWrap, flags uint16) {
+	w, _ := word(area, 0)
+	atomic.StoreUint32(w, uint32(offWrap)|uint32(flags)<<16)
+}
+
+// WritePackedDesc writes slot i (i < Size) of a packed ring as is, {id,
+// flags} last.
+func (q *Queue) WritePackedDesc(i uint16, d PackedDesc) {
+	q.packedOnly("WritePackedDesc")
+	writePackedDesc(q.desc, i, d)
+}
+
+// ReadPackedDesc reads slot i of a packed ring, flags first.
 func (q *Queue) ReadPackedDesc(i uint16) PackedDesc {
 	q.packedOnly("ReadPackedDesc")
-	id, flags := q.loadTail(i)
-	b := q.desc[int(i)*DescSize:]
-	return PackedDesc{Addr: le.Uint64(b), Len: le.Uint32(b[8:]), ID: id, Flags: flags}
+	return readPackedDesc(q.desc, i)
 }
 
 // EncodePackedDescs encodes descriptors as a packed indirect table.
@@ -334,9 +362,7 @@ func (q *Queue) WritePackedTable(gpa uint64, ds []PackedDesc) error {
 // DriverEvent reads the driver event area: off_wrap and flags.
 func (q *Queue) DriverEvent() (offWrap, flags uint16) {
 	q.packedOnly("DriverEvent")
-	w, _ := word(q.avail, 0)
-	v := atomic.LoadUint32(w)
-	return uint16(v), uint16(v >> 16)
+	return loadEvent(q.avail)
 }
 
 // SetDriverEvent writes the driver event area, and hands it to the test:
@@ -347,23 +373,13 @@ func (q *Queue) SetDriverEvent(offWrap, flags uint16) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.pk.pinned = true
-	q.storeDriverEvent(offWrap, flags)
-}
-
-// storeDriverEvent writes both fields in one atomic store: the device
-// never sees a new flags value with a stale offset, and the store is the
-// full barrier that the re-check for used descriptors after it needs.
-func (q *Queue) storeDriverEvent(offWrap, flags uint16) {
-	w, _ := word(q.avail, 0)
-	atomic.StoreUint32(w, uint32(offWrap)|uint32(flags)<<16)
+	storeEvent(q.avail, offWrap, flags)
 }
 
 // DeviceEvent reads the device event area: off_wrap and flags.
 func (q *Queue) DeviceEvent() (offWrap, flags uint16) {
 	q.packedOnly("DeviceEvent")
-	w, _ := word(q.used, 0)
-	v := atomic.LoadUint32(w)
-	return uint16(v), uint16(v >> 16)
+	return loadEvent(q.used)
 }
 
 // NextAvail is the slot the driver's next chain starts at and its avail
@@ -486,18 +502,18 @@ func (q *Queue) publishPacked(ds []PackedDesc, hold int) {
 		if i < len(ds) {
 			d := ds[i]
 			d.Flags = d.Flags&^(DescAvail|DescUsed) | availBits(wrap)
-			q.WritePackedDesc(slot, d)
+			writePackedDesc(q.desc, slot, d)
 			continue
 		}
 		// What the device left there in the previous lap: a used
 		// descriptor of that lap, not available in this one.
 		last := ds[len(ds)-1]
-		q.WritePackedDesc(slot, PackedDesc{Addr: last.Addr, Len: last.Len, ID: last.ID, Flags: usedBits(!wrap)})
+		writePackedDesc(q.desc, slot, PackedDesc{Addr: last.Addr, Len: last.Len, ID: last.ID, Flags: usedBits(!wrap)})
 	}
 	q.pk.nextAvail, q.pk.availWrap = advance(q.pk.nextAvail, q.pk.availWrap, len(ds)+hold, size)
 	q.pk.freeSlots -= len(ds) + hold
 	q.numAdded += uint16(len(ds) + hold)
-	q.storeTail(head, ds[0].ID, headFlags)
+	storeTail(q.desc, head, ds[0].ID, headFlags)
 }
 
 // trackPacked records c as in flight. Chains sharing an id are kept in
@@ -658,7 +674,7 @@ func (q *Queue) harvestPackedLocked() []Completion {
 		n := 0
 		for pk.desync == "" {
 			// The atomic load orders the len read after it.
-			id, flags := q.loadTail(pk.nextUsed)
+			id, flags := loadTail(q.desc, pk.nextUsed)
 			if !IsUsed(flags, pk.usedWrap) {
 				break
 			}
@@ -690,7 +706,7 @@ func (q *Queue) harvestPackedLocked() []Completion {
 		// next used descriptor is written; the store is a full barrier,
 		// so the next look sees what the device wrote before it read the
 		// event.
-		q.storeDriverEvent(OffWrap(pk.nextUsed, pk.usedWrap), EventFlagDesc)
+		storeEvent(q.avail, OffWrap(pk.nextUsed, pk.usedWrap), EventFlagDesc)
 	}
 	q.history = append(q.history, got...)
 	return got
@@ -703,7 +719,7 @@ func (q *Queue) packedTimeout(c *Chain) error {
 		return fmt.Errorf("%w: ring %d id %d not returned: the used ring could not be followed since %s",
 			ErrTimeout, q.Index, c.Head, pk.desync)
 	}
-	if _, flags := q.loadTail(pk.nextUsed); IsUsed(flags, pk.usedWrap) {
+	if _, flags := loadTail(q.desc, pk.nextUsed); IsUsed(flags, pk.usedWrap) {
 		return fmt.Errorf("%w: ring %d id %d: the descriptor at used slot %d (wrap %d) is used but interrupts "+
 			"delivered only up to there (missing call notification; %d signals on stale call fds)",
 			ErrTimeout, q.Index, c.Head, pk.nextUsed, b2i(pk.usedWrap), q.lost)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,14 +26,16 @@ type packedDevice struct {
 	mem      *Memory
 	size     uint16
 	eventIdx bool
+	// The ring, as SET_VRING_ADDR gave it: copied from q under its lock
+	// (a Reset may move q's).
+	desc, driver, device []byte
 
 	// Knobs, set before run.
-	reverse    bool   // return each batch of chains in reverse order (out-of-order completion)
-	noNotify   bool   // never signal
-	kickFlags  uint16 // device event flags without EVENT_IDX (EventFlagEnable or EventFlagDisable)
-	kickFd     int    // where kicks arrive (run only)
-	callFd     int    // where interrupts go; <0: the queue's current call fd
-	startAvail PackedBase
+	reverse   bool   // return each batch of chains in reverse order (out-of-order completion)
+	noNotify  bool   // never signal
+	kickFlags uint16 // device event flags without EVENT_IDX (EventFlagEnable or EventFlagDisable)
+	kickFd    int    // where kicks arrive (run only)
+	callFd    int    // where interrupts go; <0: the queue's current call fd
 
 	// Device state.
 	availIdx  uint16
@@ -72,14 +73,22 @@ func newPackedDevice(t *testing.T, size uint16, eventIdx bool) (*packedDevice, *
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &packedDevice{q: q, mem: mem, size: size, eventIdx: eventIdx, kickFd: kick, callFd: -1,
-		availWrap: true, usedWrap: true}
+	d := attachPackedDevice(q, eventIdx, kick)
 	t.Cleanup(func() {
 		d.halt()
 		q.Close()
 		mem.Close()
 	})
 	return d, q
+}
+
+// attachPackedDevice makes a device for q's ring as it is now, at the
+// positions of a fresh ring.
+func attachPackedDevice(q *Queue, eventIdx bool, kickFd int) *packedDevice {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return &packedDevice{q: q, mem: q.mem, size: q.cfg.Size, eventIdx: eventIdx, kickFd: kickFd, callFd: -1,
+		desc: q.desc, driver: q.avail, device: q.used, availWrap: true, usedWrap: true}
 }
 
 // at sets the device's positions, as SET_VRING_BASE does.
@@ -95,8 +104,7 @@ func (d *packedDevice) base() PackedBase {
 // pop copies out the chain at the device's next avail slot, if one is
 // available.
 func (d *packedDevice) pop() (*poppedChain, bool) {
-	q := d.q
-	if _, flags := q.loadTail(d.availIdx); !IsAvail(flags, d.availWrap) {
+	if _, flags := loadTail(d.desc, d.availIdx); !IsAvail(flags, d.availWrap) {
 		return nil, false
 	}
 	c := &poppedChain{seq: d.popped}
@@ -106,7 +114,7 @@ func (d *packedDevice) pop() (*poppedChain, bool) {
 			d.err = fmt.Errorf("chain at slot %d longer than the ring", d.availIdx)
 			return nil, false
 		}
-		desc := q.ReadPackedDesc(slot)
+		desc := readPackedDesc(d.desc, slot)
 		if !IsAvail(desc.Flags, wrap) {
 			d.err = fmt.Errorf("chain at slot %d continues into slot %d, which is not available", d.availIdx, slot)
 			return nil, false
@@ -146,7 +154,6 @@ func (d *packedDevice) pop() (*poppedChain, bool) {
 // complete returns c: the used descriptor's id and len first, its flags
 // (with this lap's AVAIL and USED) last.
 func (d *packedDevice) complete(c *poppedChain) {
-	q := d.q
 	var n uint32
 	for _, s := range c.write {
 		fill := make([]byte, s.Len)
@@ -156,12 +163,12 @@ func (d *packedDevice) complete(c *poppedChain) {
 		d.mem.WriteAt(fill, s.Addr)
 		n += s.Len
 	}
-	le.PutUint32(q.desc[int(d.usedIdx)*DescSize+8:], n)
+	le.PutUint32(d.desc[int(d.usedIdx)*DescSize+8:], n)
 	flags := usedBits(d.usedWrap)
 	if n > 0 {
 		flags |= DescWrite
 	}
-	q.storeTail(d.usedIdx, c.id, flags)
+	storeTail(d.desc, d.usedIdx, c.id, flags)
 	d.usedIdx, d.usedWrap = advance(d.usedIdx, d.usedWrap, c.slots, d.size)
 	d.moved += uint16(c.slots)
 }
@@ -172,9 +179,7 @@ func (d *packedDevice) notify() {
 	if d.moved == 0 {
 		return
 	}
-	w, _ := word(d.q.avail, 0)
-	v := atomic.LoadUint32(w)
-	off, flags := uint16(v), uint16(v>>16)
+	off, flags := loadEvent(d.driver)
 	var need bool
 	switch flags {
 	case EventFlagEnable:
@@ -230,9 +235,8 @@ func (d *packedDevice) serve() int {
 		if d.eventIdx {
 			off, flags = OffWrap(d.availIdx, d.availWrap), EventFlagDesc
 		}
-		w, _ := word(d.q.used, 0)
-		atomic.StoreUint32(w, uint32(off)|uint32(flags)<<16)
-		if _, f := d.q.loadTail(d.availIdx); !IsAvail(f, d.availWrap) {
+		storeEvent(d.device, off, flags)
+		if _, f := loadTail(d.desc, d.availIdx); !IsAvail(f, d.availWrap) {
 			break
 		}
 	}
@@ -452,10 +456,7 @@ func TestPackedOutOfOrder(t *testing.T) {
 // including an event offset in the lap before the driver's.
 func TestPackedKickDecision(t *testing.T) {
 	d, q := newPackedDevice(t, 7, true)
-	setDev := func(off, flags uint16) {
-		w, _ := word(q.used, 0)
-		atomic.StoreUint32(w, uint32(off)|uint32(flags)<<16)
-	}
+	setDev := func(off, flags uint16) { storeEvent(d.device, off, flags) }
 	add := func(n int) {
 		t.Helper()
 		var segs []Segment
