@@ -571,58 +571,79 @@ func (q *Queue) untrackPacked(id uint16, n uint32) *Chain {
 	return c
 }
 
-// addPacked is Add on a packed ring, as virtqueue_add_packed lays a chain
-// out: one indirect descriptor, or one slot per segment with the same id
-// in each (the spec requires it only in the last) and NEXT on all but the
-// last.
+// addPacked is Add on a packed ring.
 func (q *Queue) addPacked(segs []Segment, mode IndirectMode) (*Chain, error) {
+	pc, err := q.layoutChain(segs, mode)
+	if err != nil {
+		return nil, err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	id, err := q.allocSlots(len(pc.ds))
+	if err != nil {
+		pc.free(q.mem)
+		return nil, err
+	}
+	return q.addChainLocked(pc, id, false), nil
+}
+
+// packedChain is a chain laid out, not yet in the ring.
+type packedChain struct {
+	ds    []PackedDesc // what goes into the ring, ids not set
+	table uint64       // our indirect table, 0 if none
+	wlen  uint32       // writable bytes
+}
+
+func (pc packedChain) free(m *Memory) {
+	if pc.table != 0 {
+		m.Free(pc.table)
+	}
+}
+
+// layoutChain lays segs out as virtqueue_add_packed does: one indirect
+// descriptor whose table entries carry neither NEXT (they are
+// consecutive) nor an id, or one descriptor per segment with NEXT on all
+// but the last.
+func (q *Queue) layoutChain(segs []Segment, mode IndirectMode) (packedChain, error) {
+	var pc packedChain
 	ds := make([]PackedDesc, len(segs))
-	var wlen uint32
 	for i, s := range segs {
 		ds[i] = PackedDesc{Addr: s.Addr, Len: s.Len}
 		if s.Write {
 			ds[i].Flags = DescWrite
-			wlen += s.Len
+			pc.wlen += s.Len
 		}
 	}
 	if q.useIndirect(mode, len(segs)) {
-		// Table entries carry no NEXT (they are consecutive) and no id.
 		table, err := q.mem.AllocIn(q.bufRegion(), uint64(len(ds))*DescSize, DescSize)
 		if err != nil {
-			return nil, err
+			return pc, err
 		}
 		if err := q.WritePackedTable(table, ds); err != nil {
 			q.mem.Free(table)
-			return nil, err
+			return pc, err
 		}
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		id, err := q.allocSlots(1)
-		if err != nil {
-			q.mem.Free(table)
-			return nil, err
-		}
-		c := q.newPackedChain(id, 1, table, wlen)
-		q.publishPacked([]PackedDesc{{Addr: table, Len: uint32(len(ds)) * DescSize, ID: id, Flags: DescIndirect}}, 0)
-		q.trackPacked(c, false)
-		return c, nil
+		pc.table = table
+		pc.ds = []PackedDesc{{Addr: table, Len: uint32(len(ds)) * DescSize, Flags: DescIndirect}}
+		return pc, nil
 	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	id, err := q.allocSlots(len(ds))
-	if err != nil {
-		return nil, err
+	for i := range ds[:len(ds)-1] {
+		ds[i].Flags |= DescNext
 	}
-	for i := range ds {
-		ds[i].ID = id
-		if i+1 < len(ds) {
-			ds[i].Flags |= DescNext
-		}
+	pc.ds = ds
+	return pc, nil
+}
+
+// addChainLocked makes pc available under id, which Linux writes into
+// every descriptor of the chain (the spec requires it only in the last).
+func (q *Queue) addChainLocked(pc packedChain, id uint16, dupOK bool) *Chain {
+	for i := range pc.ds {
+		pc.ds[i].ID = id
 	}
-	c := q.newPackedChain(id, len(ds), 0, wlen)
-	q.publishPacked(ds, 0)
-	q.trackPacked(c, false)
-	return c, nil
+	c := q.newPackedChain(id, len(pc.ds), pc.table, pc.wlen)
+	q.publishPacked(pc.ds, 0)
+	q.trackPacked(c, dupOK)
+	return c
 }
 
 // allocSlots checks that n slots are free and takes an id for them.

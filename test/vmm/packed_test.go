@@ -3,6 +3,7 @@ package vmm
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -699,5 +700,236 @@ func TestPackedConcurrent(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// skip walks the chain at the device's next avail slot by its flags alone,
+// as a device rejecting it must (to know how far its used index moves),
+// and takes it out of the ring without reading its buffers.
+func (d *packedDevice) skip() (*poppedChain, bool) {
+	if _, flags := loadTail(d.desc, d.availIdx); !IsAvail(flags, d.availWrap) {
+		return nil, false
+	}
+	c := &poppedChain{}
+	slot, wrap := d.availIdx, d.availWrap
+	for {
+		desc := readPackedDesc(d.desc, slot)
+		if !IsAvail(desc.Flags, wrap) || c.slots == int(d.size) {
+			return nil, false
+		}
+		c.slots++
+		c.id = desc.ID
+		slot, wrap = advance(slot, wrap, 1, d.size)
+		if desc.Flags&DescNext == 0 {
+			break
+		}
+	}
+	d.availIdx, d.availWrap = slot, wrap
+	return c, true
+}
+
+// TestPackedMalformed checks what AddMalformed puts in a packed ring for
+// each kind, that a device walking it finds the fault, and that the driver
+// stays in step when a device answers as Reaction says: a chain returned
+// with len 0 (by a device that skipped its slots) leaves the ring serving.
+func TestPackedMalformed(t *testing.T) {
+	const size = 16
+	getattr := FuseRequest{In: getattrReq(1), OutArgs: 8, Indirect: IndirectNever} // 2 readable + 2 writable
+	for _, kind := range PackedMalformations() {
+		t.Run(kind.String(), func(t *testing.T) {
+			d, q := newPackedDevice(t, size, true)
+			// Start mid-ring so that chains wrap.
+			for range 3 {
+				fc, err := q.AddFuse(getattr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				d.serve()
+				q.Interrupt()
+				if _, err := fc.Wait(time.Second); err != nil {
+					t.Fatal(err)
+				}
+			}
+			head, wrap := q.NextAvail()
+			r := getattr
+			if kind == BadDuplicateID {
+				r.Indirect = IndirectAuto
+			}
+			ch, err := q.AddMalformed(kind, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			desc := func(i int) PackedDesc {
+				slot, w := advance(head, wrap, i, size)
+				d := q.ReadPackedDesc(slot)
+				if i < size && !IsAvail(d.Flags, w) && kind != BadChainUnterminated {
+					t.Fatalf("descriptor %d of the chain (slot %d) is not available: %#x", i, slot, d.Flags)
+				}
+				if uint32(d.ID) != ch.Head {
+					t.Fatalf("descriptor %d has id %d, the chain %d", i, d.ID, ch.Head)
+				}
+				d.Flags &^= DescAvail | DescUsed
+				return d
+			}
+			slots := 4
+			switch kind {
+			case BadAddrOutside:
+				if desc(0).Addr != q.mem.Unmapped() {
+					t.Fatalf("head %+v", desc(0))
+				}
+			case BadAddrOverflow:
+				if desc(0).Addr != ^uint64(0)-7 {
+					t.Fatalf("head %+v", desc(0))
+				}
+			case BadZeroLength:
+				if desc(0).Len != 0 {
+					t.Fatalf("head %+v", desc(0))
+				}
+			case BadReadAfterWrite:
+				if desc(1).Flags != DescNext|DescWrite || desc(2).Flags != DescNext {
+					t.Fatalf("descriptors 1 and 2: %+v %+v", desc(1), desc(2))
+				}
+			case BadIndirectLenZero, BadIndirectLenOdd, BadIndirectHuge, BadIndirectOutside, BadIndirectTooLong:
+				slots = 1
+				h := desc(0)
+				if h.Flags != DescIndirect {
+					t.Fatalf("head %+v", h)
+				}
+				want := map[Malformation]bool{BadIndirectLenZero: h.Len == 0, BadIndirectLenOdd: h.Len == 4*DescSize+8,
+					BadIndirectHuge: h.Len == 0xfffffff0, BadIndirectOutside: q.mem.Region(h.Addr) == nil,
+					BadIndirectTooLong: h.Len == (size+1)*DescSize}
+				if !want[kind] {
+					t.Fatalf("indirect descriptor %+v", h)
+				}
+				if kind == BadIndirectTooLong {
+					table := make([]byte, h.Len)
+					q.mem.ReadAt(table, h.Addr)
+					for i := 0; i < len(table); i += DescSize {
+						if le.Uint16(table[i+14:])&DescNext != 0 {
+							t.Fatalf("table entry %d has NEXT", i/DescSize)
+						}
+					}
+				}
+			case BadIndirectNext:
+				slots = 2
+				if desc(0).Flags != DescIndirect|DescNext || desc(1).Flags != DescWrite {
+					t.Fatalf("descriptors %+v %+v", desc(0), desc(1))
+				}
+			case BadDuplicateID:
+				slots = 1
+				o := ch.Original()
+				if o == nil || o.Head != ch.Head || q.InFlight() != 2 || desc(0).Flags != DescIndirect || desc(1).Flags != DescIndirect {
+					t.Fatalf("original %v, %d in flight, descriptors %+v %+v", o, q.InFlight(), desc(0), desc(1))
+				}
+			case BadChainTooLong:
+				slots = size
+				for i := range size {
+					if desc(i).Flags != DescNext {
+						t.Fatalf("descriptor %d: %+v", i, desc(i))
+					}
+				}
+				if q.NumFree() != 0 {
+					t.Fatalf("%d slots free", q.NumFree())
+				}
+			case BadChainUnterminated:
+				slots = 5
+				if desc(3).Flags != DescNext|DescWrite {
+					t.Fatalf("last descriptor %+v", desc(3))
+				}
+				slot, w := advance(head, wrap, 4, size)
+				if f := q.ReadPackedDesc(slot).Flags; IsAvail(f, w) {
+					t.Fatalf("the slot after the chain is available: %#x", f)
+				}
+			}
+			if kind.Reaction() == RingBroken {
+				if _, ok := d.pop(); ok || d.err == nil {
+					t.Fatalf("the device found nothing wrong (%v)", d.err)
+				}
+				t.Logf("device: %v", d.err)
+				return
+			}
+			// A device that rejects the chain and one that serves the
+			// original of a duplicate.
+			var orig *poppedChain
+			if kind == BadDuplicateID {
+				var ok bool
+				if orig, ok = d.pop(); !ok {
+					t.Fatal(d.err)
+				}
+			}
+			bad, ok := d.skip()
+			if !ok || bad.slots != slots {
+				t.Fatalf("device walked %+v, want %d slots", bad, slots)
+			}
+			bad.write = nil
+			d.complete(bad)
+			if orig != nil {
+				d.complete(orig)
+			}
+			d.notify()
+			if n, err := ch.Wait(time.Second); err != nil || n != 0 {
+				t.Fatalf("malformed chain: used len %d, %v", n, err)
+			}
+			if orig != nil {
+				b, err := ch.Original().Wait(time.Second)
+				if err == nil {
+					err = checkReply(b, 8, 0)
+				}
+				if err != nil {
+					t.Fatalf("original: %v", err)
+				}
+			}
+			// The ring goes on.
+			for i := range 2 * size {
+				fc, err := q.SubmitFuse(getattr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				d.serve()
+				if _, err := fc.Wait(time.Second); err != nil {
+					t.Fatalf("request %d after the malformed chain: %v", i, err)
+				}
+			}
+			if v := q.Violations(); len(v) != 0 {
+				t.Fatal(v)
+			}
+		})
+	}
+}
+
+// TestMalformedLayouts: each layout refuses the other's kinds, and
+// BadIndirectOutside works on split rings too.
+func TestMalformedLayouts(t *testing.T) {
+	_, pq := newPackedDevice(t, 16, true)
+	mem, err := NewMemory(SplitLayout(4*MiB, 4*MiB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	sq, err := NewQueue(mem, 1, QueueConfig{Size: 16, Indirect: true, BufRegion: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sq.Close()
+	r := FuseRequest{In: getattrReq(1), OutArgs: 8}
+	for _, kind := range []Malformation{BadLoop, BadNextOutOfRange, BadHeadOutOfRange, BadIndirectNested, BadAvailJump} {
+		if _, err := pq.AddMalformed(kind, r); err == nil {
+			t.Errorf("%v on a packed ring", kind)
+		}
+	}
+	for _, kind := range []Malformation{BadDuplicateID, BadChainTooLong, BadChainUnterminated} {
+		if _, err := sq.AddMalformed(kind, r); err == nil {
+			t.Errorf("%v on a split ring", kind)
+		}
+	}
+	ch, err := sq.AddMalformed(BadIndirectOutside, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := sq.ReadDesc(uint16(ch.Head)); h.Flags != DescIndirect || sq.mem.Region(h.Addr) != nil {
+		t.Fatalf("split indirect descriptor %+v", h)
+	}
+	if len(Malformations()) != int(BadAvailJump)+1 || slices.Contains(Malformations(), BadIndirectOutside) {
+		t.Fatalf("the split list changed: %v", Malformations())
 	}
 }

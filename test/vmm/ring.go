@@ -454,9 +454,10 @@ type Chain struct {
 	table uint64 // GPA of our indirect table, 0 if none
 
 	// Packed rings only.
-	slots  int    // ring slots the chain takes: the device's used index moves by this much
-	wlen   uint32 // writable bytes: no used len may exceed it
-	sameID *Chain // the next chain in flight under the same id (BadDuplicateID)
+	slots  int       // ring slots the chain takes: the device's used index moves by this much
+	wlen   uint32    // writable bytes: no used len may exceed it
+	sameID *Chain    // the next chain in flight under the same id (BadDuplicateID)
+	orig   *FuseCall // for BadDuplicateID: the valid chain whose id this one reuses
 
 	done    chan struct{}
 	usedLen uint32
