@@ -184,6 +184,13 @@ type packedState struct {
 
 	pinned bool   // SetDriverEvent gave the driver event area to the test
 	desync string // why the used ring can no longer be followed; "" while in sync
+
+	// Where the last used descriptor was collected and how many slots its
+	// chain took, for the diagnosis of a device whose used index is out
+	// of step (packedTimeout).
+	lastUsed      uint16
+	lastUsedWrap  bool
+	lastUsedSlots int
 }
 
 // resetPacked is resetFree for a packed ring: every slot and id free, both
@@ -716,6 +723,7 @@ func (q *Queue) harvestPackedLocked() []Completion {
 				q.violate("the used descriptor at slot %d returns id %d with len %d, more than its %d writable bytes",
 					pk.nextUsed, id, ln, c.wlen)
 			}
+			pk.lastUsed, pk.lastUsedWrap, pk.lastUsedSlots = pk.nextUsed, pk.usedWrap, c.slots
 			pk.nextUsed, pk.usedWrap = advance(pk.nextUsed, pk.usedWrap, c.slots, q.cfg.Size)
 			pk.freeSlots += c.slots
 			c.complete(ln, nil)
@@ -744,6 +752,28 @@ func (q *Queue) packedTimeout(c *Chain) error {
 		return fmt.Errorf("%w: ring %d id %d: the descriptor at used slot %d (wrap %d) is used but interrupts "+
 			"delivered only up to there (missing call notification; %d signals on stale call fds)",
 			ErrTimeout, q.Index, c.Head, pk.nextUsed, b2i(pk.usedWrap), q.lost)
+	}
+	// A device that moved its used index by another count than the
+	// chain's slots took writes its next used descriptor where the driver
+	// never looks: among the slots of the chain collected last, or beyond
+	// the next used slot among those in flight.
+	from, fromWrap := pk.nextUsed, pk.usedWrap
+	span := int(q.cfg.Size) - pk.freeSlots
+	if pk.lastUsedSlots > 0 {
+		from, fromWrap = pk.lastUsed, pk.lastUsedWrap
+		span += pk.lastUsedSlots
+	}
+	for i := 1; i < span; i++ {
+		slot, wrap := advance(from, fromWrap, i, q.cfg.Size)
+		if slot == pk.nextUsed {
+			continue
+		}
+		if id, flags := loadTail(q.desc, slot); IsUsed(flags, wrap) {
+			return fmt.Errorf("%w: ring %d id %d not returned: a used descriptor (id %d) is at slot %d, where the "+
+				"driver expects none (its next used slot is %d wrap %d; the last chain it collected took %d slots "+
+				"from slot %d): the device's used index is out of step",
+				ErrTimeout, q.Index, c.Head, id, slot, pk.nextUsed, b2i(pk.usedWrap), pk.lastUsedSlots, pk.lastUsed)
+		}
 	}
 	return fmt.Errorf("%w: ring %d id %d not returned (next avail %d wrap %d, next used %d wrap %d)",
 		ErrTimeout, q.Index, c.Head, pk.nextAvail, b2i(pk.availWrap), pk.nextUsed, b2i(pk.usedWrap))

@@ -574,7 +574,8 @@ func TestPackedInterruptSuppression(t *testing.T) {
 
 // TestPackedViolations: an id that is not in flight, and a used length
 // beyond the writable bytes, are recorded; after the first the driver can
-// no longer follow the ring, and says so when a chain times out.
+// no longer follow the ring, and says so when a chain times out, as it
+// says where a device whose used index is out of step wrote.
 func TestPackedViolations(t *testing.T) {
 	d, q := newPackedDevice(t, 8, false)
 	fc, err := q.AddFuse(FuseRequest{In: getattrReq(1), OutArgs: 8, Indirect: IndirectNever})
@@ -610,18 +611,47 @@ func TestPackedViolations(t *testing.T) {
 	if v := q.Violations(); len(v) != 2 {
 		t.Fatalf("violations %q", v)
 	}
+	// fresh resets the ring on both sides and adds n requests.
+	fresh := func(n int) []*FuseCall {
+		t.Helper()
+		if err := q.Reset(false); err != nil {
+			t.Fatal(err)
+		}
+		d.at(ParsePackedBase(PackedResetBase))
+		var calls []*FuseCall
+		for i := range n {
+			fc, err := q.AddFuse(FuseRequest{In: getattrReq(uint64(i)), OutArgs: 8, Indirect: IndirectNever})
+			if err != nil {
+				t.Fatal(err)
+			}
+			calls = append(calls, fc)
+		}
+		return calls
+	}
+	// A device that moves its used index by one slot too few or too
+	// many: its next used descriptor lands where the driver expects none.
+	for _, skew := range []int{-1, +1} {
+		calls := fresh(2)
+		c, _ = d.pop()
+		c.slots += skew
+		d.complete(c)
+		c, _ = d.pop()
+		d.complete(c)
+		q.Interrupt()
+		if _, err := calls[0].Wait(time.Second); err != nil {
+			t.Fatal(err)
+		}
+		_, err = calls[1].Wait(100 * time.Millisecond)
+		if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "out of step") {
+			t.Fatalf("used index %+d slots out of step: %v", skew, err)
+		}
+		t.Log(err)
+	}
 	// Reset brings the driver back in step.
-	if err := q.Reset(false); err != nil {
-		t.Fatal(err)
-	}
-	d.at(ParsePackedBase(PackedResetBase))
-	fc, err = q.AddFuse(FuseRequest{In: getattrReq(3), OutArgs: 8})
-	if err != nil {
-		t.Fatal(err)
-	}
+	calls := fresh(1)
 	d.serve()
 	q.Interrupt()
-	if _, err := fc.Wait(time.Second); err != nil {
+	if _, err := calls[0].Wait(time.Second); err != nil {
 		t.Fatal(err)
 	}
 }
