@@ -464,13 +464,15 @@ func (c *Conn) SetVringNum(index, num uint32) error {
 // SetVringAddr sends SET_VRING_ADDR.
 func (c *Conn) SetVringAddr(a VringAddr) error { return c.do(SetVringAddr, a.Bytes()) }
 
-// SetVringBase sends SET_VRING_BASE: the next avail index to process.
+// SetVringBase sends SET_VRING_BASE: the next avail index to process (on a
+// packed ring a PackedBase: both indices and wrap counters).
 func (c *Conn) SetVringBase(index, base uint32) error {
 	return c.do(SetVringBase, VringState{index, base}.Bytes())
 }
 
 // GetVringBase sends GET_VRING_BASE, which stops the ring, and returns the
-// next avail index the back end would have processed.
+// next avail index the back end would have processed (on a packed ring all
+// 32 bits of a PackedBase).
 func (c *Conn) GetVringBase(index uint32) (uint32, error) {
 	m, err := c.Call(GetVringBase, VringState{index, 0}.Bytes(), nil)
 	if err != nil {

@@ -22,11 +22,17 @@ const QEMUProtocolFeatures = (1<<17 - 1) &^ (1 << PConfig)
 // Options configure a Device. Zero values of Features, ProtocolFeatures,
 // Queues, QueueSize, Layout and Timeout select defaults; start from
 // DefaultOptions to get the default buffer placement too.
+//
+// Packed rings: a test that adds Bit(FRingPacked) to Features gets packed
+// rings if the back end offers them and split rings otherwise, as QEMU's
+// packed=on does; one that puts it in RequireFeatures gets packed rings or
+// an ErrNotOffered from Init (so from Start).
 type Options struct {
 	Features         uint64        // virtio features the guest accepts (intersected with the offer)
+	RequireFeatures  uint64        // virtio features Init fails without (ErrNotOffered); implied in Features
 	ProtocolFeatures uint64        // protocol features the front end knows (intersected with the offer)
 	Queues           int           // rings including hiprio (QEMU: num-request-queues + 1); default 2
-	QueueSize        uint16        // descriptors per ring; default 128 (QEMU's default queue-size)
+	QueueSize        uint16        // descriptors per ring; default 128 (QEMU's default queue-size); any size up to 32768 on packed rings
 	Layout           []RegionSpec  // guest RAM; default SplitLayout(64 MiB, 64 MiB)
 	Hotplug          []int         // layout regions not announced at start (see AddRegion)
 	RingRegion       int           // region holding the rings
@@ -58,6 +64,7 @@ func (o *Options) fill() {
 	if o.Features == 0 {
 		o.Features = d.Features
 	}
+	o.Features |= o.RequireFeatures
 	if o.ProtocolFeatures == 0 {
 		o.ProtocolFeatures = d.ProtocolFeatures
 	}
@@ -92,7 +99,8 @@ type Device struct {
 
 	opts      Options
 	announced []bool   // per region: the back end knows it
-	bases     []uint32 // per queue: next avail index for the next start
+	bases     []uint32 // per queue: SET_VRING_BASE for the next start (split: next avail index; packed: PackedBase)
+	started   bool     // StartRings has run: features are negotiated and bases in their ring's encoding
 	running   bool
 	logging   bool      // between StartLogging and StopLogging
 	log       *DirtyLog // the log while logging
@@ -121,8 +129,12 @@ func New(conn *Conn, opts Options) (*Device, error) {
 	return d, nil
 }
 
+// queueConfig lays rings out as packed if the options ask for packed
+// rings; StartRings switches a ring to the other layout if negotiation
+// disagrees.
 func (d *Device) queueConfig() QueueConfig {
 	return QueueConfig{
+		Packed:     d.opts.Features&Bit(FRingPacked) != 0,
 		Size:       d.opts.QueueSize,
 		Kick:       d.opts.Kick,
 		Notify:     d.opts.Notify,
@@ -171,6 +183,23 @@ func (d *Device) Options() Options { return d.opts }
 // Negotiated reports whether virtio feature bit was sent in SET_FEATURES.
 func (d *Device) Negotiated(bit uint) bool { return d.Features&Bit(bit) != 0 }
 
+// Packed reports whether the rings are packed (VIRTIO_F_RING_PACKED was
+// sent in SET_FEATURES).
+func (d *Device) Packed() bool { return d.Negotiated(FRingPacked) }
+
+// resetBase is the SET_VRING_BASE value of a ring the driver has just set
+// up: 0, or PackedResetBase (both wrap counters 1) on a packed ring.
+func (d *Device) resetBase() uint32 {
+	if d.Packed() {
+		return PackedResetBase
+	}
+	return 0
+}
+
+// ErrNotOffered is Init's error when the back end does not offer a feature
+// in Options.RequireFeatures.
+var ErrNotOffered = errors.New("vmm: the back end does not offer a required feature")
+
 // HasProtocol reports whether protocol feature bit was acknowledged.
 func (d *Device) HasProtocol(bit uint) bool { return d.ProtocolFeatures&Bit(bit) != 0 }
 
@@ -191,6 +220,9 @@ func (d *Device) Init() error {
 	var err error
 	if d.Offered, err = c.GetFeatures(); err != nil {
 		return err
+	}
+	if missing := d.opts.RequireFeatures &^ d.Offered; missing != 0 {
+		return fmt.Errorf("%w: %#x (offered %#x)", ErrNotOffered, missing, d.Offered)
 	}
 	if d.Offered&Bit(FProtocolFeatures) != 0 {
 		if d.OfferedProtocol, err = c.GetProtocolFeatures(); err != nil {
@@ -250,12 +282,24 @@ func (d *Device) Init() error {
 //	per ring: SET_VRING_ENABLE 1 (with PROTOCOL_FEATURES)
 //	per ring: SET_VRING_CALL (the guest unmasks its vector: a new call fd)
 //
-// Rings start at the bases saved by Stop (0 initially).
+// Rings start at the bases saved by Stop (initially 0, or PackedResetBase
+// on packed rings).
 func (d *Device) StartRings() error {
 	c := d.Conn
 	d.Features = d.Offered & d.opts.Features
 	for _, q := range d.Queues {
 		q.SetNegotiated(d.Negotiated(FEventIdx), d.Negotiated(FIndirectDesc))
+		if err := q.setPacked(d.Packed()); err != nil {
+			return err
+		}
+	}
+	if !d.started {
+		// Features are known only now, and with them what a fresh
+		// ring's base is.
+		for i := range d.bases {
+			d.bases[i] = d.resetBase()
+		}
+		d.started = true
 	}
 	features := d.Features
 	if d.logging {
@@ -396,7 +440,9 @@ func (d *Device) unmask(i int) error {
 
 // Stop is QEMU's vhost_dev_stop (guest reset, pause, quit): SET_VRING_ENABLE
 // 0 on every ring, GET_VRING_BASE on every ring, then SET_VRING_CALL with a
-// masked notifier. It returns the bases and keeps them for Restart.
+// masked notifier. It returns the bases and keeps them for Restart. On a
+// packed ring a base holds both of the back end's indices and wrap
+// counters (ParsePackedBase); Restart sends all 32 bits back.
 func (d *Device) Stop() ([]uint32, error) {
 	c := d.Conn
 	if d.Negotiated(FProtocolFeatures) {
@@ -431,7 +477,7 @@ func (d *Device) Restart(newRings bool) error {
 			if err := q.Reset(true); err != nil {
 				return err
 			}
-			d.bases[i] = 0
+			d.bases[i] = d.resetBase()
 		}
 	}
 	return d.StartRings()
@@ -447,7 +493,8 @@ func (d *Device) GuestReset() error {
 
 // StopQueue stops one ring as Stop does for all: SET_VRING_ENABLE 0,
 // GET_VRING_BASE, whose answer (the next avail index the back end would
-// process) it returns, and SET_VRING_CALL with a masked notifier.
+// process; on a packed ring a PackedBase) it returns, and SET_VRING_CALL
+// with a masked notifier.
 //
 // That last CALL matters: libvhost-user closes its call fd at
 // GET_VRING_BASE, and its queue thread, restarted by SET_VRING_KICK (whose
@@ -469,11 +516,17 @@ func (d *Device) StopQueue(i int) (uint32, error) {
 
 // RestartQueue restarts one ring at base: SET_VRING_NUM, BASE, ADDR, KICK,
 // ENABLE 1 and a new CALL fd. With newRing the driver state is reset and
-// the ring moves to fresh memory first (chains in flight are abandoned).
+// the ring moves to fresh memory first (chains in flight are abandoned);
+// pass base 0 then, which on a packed ring stands for PackedResetBase, the
+// base of a fresh ring (indices 0 and wrap counters 1), so that the same
+// call serves both layouts.
 func (d *Device) RestartQueue(i int, base uint32, newRing bool) error {
 	if newRing {
 		if err := d.Queues[i].Reset(true); err != nil {
 			return err
+		}
+		if base == 0 {
+			base = d.resetBase()
 		}
 	}
 	d.bases[i] = base

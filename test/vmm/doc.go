@@ -19,12 +19,16 @@
 //     any payload, any fds, even partial messages) and one typed helper per
 //     front-end request.
 //
-//   - Queue is the driver side of a split virtqueue living in Memory:
-//     descriptor management, avail publication with the proper barriers,
-//     kick suppression (EVENT_IDX or VRING_USED_F_NO_NOTIFY), and an
-//     "interrupt handler" goroutine that collects completions from the used
-//     ring when the back end signals the call eventfd. It also exposes raw
-//     ring access for malformed-chain tests.
+//   - Queue is the driver side of a virtqueue living in Memory, split or
+//     packed (VIRTIO_F_RING_PACKED, packed.go) behind the same API:
+//     descriptor management, publication with the proper barriers, kick
+//     suppression (EVENT_IDX or VRING_USED_F_NO_NOTIFY; on packed rings
+//     the device event area), and an "interrupt handler" goroutine that
+//     collects completions when the back end signals the call eventfd.
+//     As an oracle it records device misbehaviour (Violations): ids not in
+//     flight, used.idx jumps, used lengths beyond a packed chain's
+//     writable bytes. It also exposes raw ring access of each layout for
+//     malformed-chain tests; a layout's raw accessors panic on the other.
 //
 //   - FuseRequest (request.go) lays a FUSE request out in a chain exactly
 //     as Linux's virtio_fs driver does: in header, arguments and each data
@@ -37,12 +41,19 @@
 //     messages of pause, resume and guest reboot; AddRegion and
 //     RemoveRegion replay memory hotplug; Backend is the VMM's end of the
 //     backend-request channel. Device.Do sends one FUSE request and returns
-//     the reply bytes.
+//     the reply bytes. Packed rings are asked for with Bit(FRingPacked) in
+//     Options.Features (split if the back end does not offer them, as
+//     QEMU's packed=on) or required with Options.RequireFeatures (Init
+//     fails with ErrNotOffered); their vring bases carry both indices and
+//     wrap counters (PackedBase), starting at PackedResetBase.
 //
 //   - Queue.AddMalformed (malformed.go) breaks an otherwise valid request
 //     in one of the ways a device must survive (loops, out-of-range
 //     indices, addresses outside RAM or wrapping, bad indirect tables,
-//     readable-after-writable, avail.idx jumps).
+//     readable-after-writable, avail.idx jumps; on packed rings duplicate
+//     ids and chains that never end). Malformations and
+//     PackedMalformations list the kinds of each layout, and
+//     Malformation.Reaction says what a correct device does.
 //
 //   - fuse.go has just enough FUSE wire encoding (INIT, LOOKUP, GETATTR,
 //     OPEN, READ, WRITE, RELEASE, FORGET, DESTROY) for tests to drive a
@@ -56,6 +67,15 @@
 //	s := vmm.NewSession(dev, 1)
 //	init, err := s.Init(vmm.KernelMinor, vmm.LinuxInitFlags)
 //	entry, err := s.Lookup(vmm.RootID, "file.txt")
+//
+// The same on packed rings, skipped where the back end has none:
+//
+//	opts := vmm.DefaultOptions()
+//	opts.RequireFeatures = vmm.Bit(vmm.FRingPacked)
+//	dev, err := vmm.Start(socketPath, opts)
+//	if errors.Is(err, vmm.ErrNotOffered) {
+//		t.Skip(err)
+//	}
 //
 // Concurrency: Conn serialises request/reply exchanges, Queue and Memory
 // are safe for concurrent use, and Chains may be waited on from any

@@ -137,6 +137,11 @@ func (q *Queue) AddFuse(r FuseRequest) (*FuseCall, error) {
 		}
 		return nil, err
 	}
+	return q.newFuseCall(c, segs, bufs), nil
+}
+
+// newFuseCall tracks chain c over segs, which live in bufs.
+func (q *Queue) newFuseCall(c *Chain, segs []Segment, bufs []uint64) *FuseCall {
 	fc := &FuseCall{Chain: c, q: q, bufs: bufs}
 	for _, s := range segs {
 		if s.Write {
@@ -144,7 +149,7 @@ func (q *Queue) AddFuse(r FuseRequest) (*FuseCall, error) {
 			fc.outCap += s.Len
 		}
 	}
-	return fc, nil
+	return fc
 }
 
 // SubmitFuse is AddFuse followed by Notify.

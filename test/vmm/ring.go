@@ -12,7 +12,7 @@ import (
 )
 
 // Desc is one split-ring descriptor: {le64 addr, le32 len, le16 flags,
-// le16 next}.
+// le16 next}. Packed rings have PackedDesc.
 type Desc struct {
 	Addr  uint64
 	Len   uint32
@@ -20,7 +20,7 @@ type Desc struct {
 	Next  uint16
 }
 
-// DescSize is the size of a descriptor in the table.
+// DescSize is the size of a descriptor in the table (split or packed).
 const DescSize = 16
 
 // Descriptor flags.
@@ -37,7 +37,9 @@ const (
 	UsedNoNotify     = 1
 )
 
-// RingAddrs places the three parts of a split ring (guest-physical).
+// RingAddrs places the three parts of a ring (guest-physical): for a
+// packed ring Avail is the driver event area and Used the device event
+// area, as in SET_VRING_ADDR.
 type RingAddrs struct{ Desc, Avail, Used uint64 }
 
 // Completion is one used-ring element.
@@ -91,9 +93,12 @@ type QueueConfig struct {
 	RingRegion int        // region to allocate the ring in (<0: any)
 	BufRegion  int        // region for request buffers (<0: any)
 	QuietKick  bool       // create kick eventfds at 0 (QEMU creates them at 1)
+	Packed     bool       // VIRTIO_F_RING_PACKED: a packed ring (packed.go); Size need not be a power of 2
 }
 
-// Queue is the driver side of one split virtqueue.
+// Queue is the driver side of one virtqueue, split or packed. The methods
+// tests use to submit and collect requests work on both layouts; the raw
+// accessors of one layout panic on the other.
 type Queue struct {
 	Index int
 	mem   *Memory
@@ -101,14 +106,15 @@ type Queue struct {
 
 	mu         sync.Mutex
 	addrs      RingAddrs
-	desc       []byte // descriptor table, Size*16 bytes
-	avail      []byte // avail ring incl. used_event
-	used       []byte // used ring incl. avail_event
+	desc       []byte // descriptor table (packed: descriptor ring), Size*16 bytes
+	avail      []byte // avail ring incl. used_event (packed: driver event area)
+	used       []byte // used ring incl. avail_event (packed: device event area)
 	free       []uint16
 	availIdx   uint16 // shadow of avail.idx
-	numAdded   uint16 // published since the last kick decision
+	numAdded   uint16 // published since the last kick decision (packed: slots)
 	lastUsed   uint16
-	inflight   map[uint32]*Chain
+	pk         packedState       // packed rings only
+	inflight   map[uint32]*Chain // by head (packed: by buffer id)
 	history    []Completion
 	violations []string
 	kicks      int
@@ -122,6 +128,10 @@ type Queue struct {
 	wakeFd  int
 	closed  bool
 	irqDone chan struct{}
+
+	// packed is cfg.Packed, readable without q.mu: the split accessors
+	// that check it run both with and without the lock held.
+	packed atomic.Bool
 }
 
 type staleFd struct {
@@ -133,14 +143,18 @@ func eventfd(initval uint) (int, error) {
 	return unix.Eventfd(initval, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 }
 
-// NewQueue lays out a zeroed split ring in mem and starts the queue's
+// NewQueue lays out a zeroed ring in mem and starts the queue's
 // interrupt handler.
 func NewQueue(mem *Memory, index int, cfg QueueConfig) (*Queue, error) {
 	if cfg.Size == 0 {
 		return nil, errors.New("vmm: queue size 0")
 	}
+	if cfg.Packed && int(cfg.Size) > MaxPackedSize {
+		return nil, fmt.Errorf("vmm: packed ring of %d entries (at most %d)", cfg.Size, MaxPackedSize)
+	}
 	q := &Queue{Index: index, mem: mem, cfg: cfg, inflight: map[uint32]*Chain{},
 		kickFd: -1, callFd: -1, errFd: -1, wakeFd: -1, irqDone: make(chan struct{})}
+	q.packed.Store(cfg.Packed)
 	if err := q.layout(cfg.Addrs); err != nil {
 		return nil, err
 	}
@@ -157,7 +171,8 @@ func NewQueue(mem *Memory, index int, cfg QueueConfig) (*Queue, error) {
 }
 
 // RingBytes returns the sizes of the descriptor table, avail ring and used
-// ring of a ring of n entries (with EVENT_IDX fields).
+// ring of a split ring of n entries (with EVENT_IDX fields); PackedRingBytes
+// sizes a packed one.
 func RingBytes(n uint16) (desc, avail, used uint64) {
 	return uint64(n) * DescSize, 6 + 2*uint64(n), 6 + 8*uint64(n)
 }
@@ -165,6 +180,9 @@ func RingBytes(n uint16) (desc, avail, used uint64) {
 // layout allocates the ring (as Linux's vring_init does: one page-aligned
 // block, used ring aligned to 64 bytes) or adopts the given addresses.
 func (q *Queue) layout(a RingAddrs) error {
+	if q.cfg.Packed {
+		return q.layoutPacked(a)
+	}
 	n := q.cfg.Size
 	dl, al, ul := RingBytes(n)
 	if a == (RingAddrs{}) {
@@ -195,6 +213,10 @@ func (q *Queue) layout(a RingAddrs) error {
 }
 
 func (q *Queue) resetFree() {
+	if q.cfg.Packed {
+		q.resetPacked()
+		return
+	}
 	n := int(q.cfg.Size)
 	q.free = q.free[:0]
 	for i := n - 1; i >= 0; i-- {
@@ -220,7 +242,8 @@ func (q *Queue) Addrs() RingAddrs {
 }
 
 // VringAddr returns the SET_VRING_ADDR payload QEMU would send: HVAs of
-// the three parts, and the used ring's GPA as the log address.
+// the three parts, and the used ring's GPA as the log address (packed: the
+// device event area's, QEMU's used_phys).
 func (q *Queue) VringAddr() (VringAddr, error) {
 	a := q.Addrs()
 	d, err1 := q.mem.HVA(a.Desc)
@@ -264,31 +287,51 @@ func store16(b []byte, off int, v uint16) {
 
 // AvailIdx is the avail.idx published so far.
 func (q *Queue) AvailIdx() uint16 {
+	q.splitOnly("AvailIdx")
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.availIdx
 }
 
 // UsedIdx reads used.idx from guest memory.
-func (q *Queue) UsedIdx() uint16 { return load16(q.used, 2) }
+func (q *Queue) UsedIdx() uint16 {
+	q.splitOnly("UsedIdx")
+	return load16(q.used, 2)
+}
 
 // UsedFlags reads used.flags from guest memory.
-func (q *Queue) UsedFlags() uint16 { return load16(q.used, 0) }
+func (q *Queue) UsedFlags() uint16 {
+	q.splitOnly("UsedFlags")
+	return load16(q.used, 0)
+}
 
 // AvailEvent reads avail_event (the device's kick threshold, EVENT_IDX).
-func (q *Queue) AvailEvent() uint16 { return load16(q.used, 4+8*int(q.cfg.Size)) }
+func (q *Queue) AvailEvent() uint16 {
+	q.splitOnly("AvailEvent")
+	return load16(q.used, 4+8*int(q.cfg.Size))
+}
 
 // UsedEvent reads used_event (our interrupt threshold, EVENT_IDX).
-func (q *Queue) UsedEvent() uint16 { return load16(q.avail, 4+2*int(q.cfg.Size)) }
+func (q *Queue) UsedEvent() uint16 {
+	q.splitOnly("UsedEvent")
+	return load16(q.avail, 4+2*int(q.cfg.Size))
+}
 
 // SetUsedEvent writes used_event.
-func (q *Queue) SetUsedEvent(v uint16) { store16(q.avail, 4+2*int(q.cfg.Size), v) }
+func (q *Queue) SetUsedEvent(v uint16) {
+	q.splitOnly("SetUsedEvent")
+	store16(q.avail, 4+2*int(q.cfg.Size), v)
+}
 
 // SetAvailFlags writes avail.flags (e.g. AvailNoInterrupt).
-func (q *Queue) SetAvailFlags(f uint16) { store16(q.avail, 0, f) }
+func (q *Queue) SetAvailFlags(f uint16) {
+	q.splitOnly("SetAvailFlags")
+	store16(q.avail, 0, f)
+}
 
 // LastUsed is the used index up to which completions were collected.
 func (q *Queue) LastUsed() uint16 {
+	q.splitOnly("LastUsed")
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.lastUsed
@@ -298,6 +341,7 @@ func (q *Queue) LastUsed() uint16 {
 
 // WriteDesc writes descriptor i of the table (i < Size).
 func (q *Queue) WriteDesc(i uint16, d Desc) {
+	q.splitOnly("WriteDesc")
 	b := q.desc[int(i)*DescSize:]
 	le.PutUint64(b, d.Addr)
 	le.PutUint32(b[8:], d.Len)
@@ -307,6 +351,7 @@ func (q *Queue) WriteDesc(i uint16, d Desc) {
 
 // ReadDesc reads descriptor i of the table.
 func (q *Queue) ReadDesc(i uint16) Desc {
+	q.splitOnly("ReadDesc")
 	b := q.desc[int(i)*DescSize:]
 	return Desc{le.Uint64(b), le.Uint32(b[8:]), le.Uint16(b[12:]), le.Uint16(b[14:])}
 }
@@ -326,12 +371,14 @@ func EncodeDescs(ds []Desc) []byte {
 // WriteTable writes an indirect descriptor table at gpa (which may straddle
 // GPA-contiguous regions).
 func (q *Queue) WriteTable(gpa uint64, ds []Desc) error {
+	q.splitOnly("WriteTable")
 	return q.mem.WriteAt(EncodeDescs(ds), gpa)
 }
 
 // AllocDescs takes n descriptor slots off the free list, for the caller to
 // fill with WriteDesc and submit with AddRaw.
 func (q *Queue) AllocDescs(n int) ([]uint16, error) {
+	q.splitOnly("AllocDescs")
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.allocDescs(n)
@@ -351,6 +398,7 @@ func (q *Queue) allocDescs(n int) ([]uint16, error) {
 
 // FreeDescs returns descriptor slots to the free list.
 func (q *Queue) FreeDescs(ids []uint16) {
+	q.splitOnly("FreeDescs")
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.freeDescs(ids)
@@ -362,21 +410,26 @@ func (q *Queue) freeDescs(ids []uint16) {
 	}
 }
 
-// NumFree is the number of free descriptors.
+// NumFree is the number of free descriptors (packed: free slots).
 func (q *Queue) NumFree() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.cfg.Packed {
+		return q.pk.freeSlots
+	}
 	return len(q.free)
 }
 
 // WriteAvailSlot writes avail.ring[slot % Size] = head without publishing.
 func (q *Queue) WriteAvailSlot(slot, head uint16) {
+	q.splitOnly("WriteAvailSlot")
 	le.PutUint16(q.avail[4+2*int(slot%q.cfg.Size):], head)
 }
 
 // SetAvailIdx publishes an arbitrary avail.idx (e.g. one jumping by more
 // than Size) and makes it the driver's shadow index.
 func (q *Queue) SetAvailIdx(idx uint16) {
+	q.splitOnly("SetAvailIdx")
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.numAdded += idx - q.availIdx
@@ -396,9 +449,15 @@ func (q *Queue) publish() {
 // Chain is a descriptor chain made available to the device.
 type Chain struct {
 	q     *Queue
-	Head  uint32 // the id the device must return (may be >= Size for malformed tests)
+	Head  uint32 // the id the device must return (may be >= Size for malformed tests); packed: the buffer id
 	descs []uint16
 	table uint64 // GPA of our indirect table, 0 if none
+
+	// Packed rings only.
+	slots  int       // ring slots the chain takes: the device's used index moves by this much
+	wlen   uint32    // writable bytes: no used len may exceed it
+	sameID *Chain    // the next chain in flight under the same id (BadDuplicateID)
+	orig   *FuseCall // for BadDuplicateID: the valid chain whose id this one reuses
 
 	done    chan struct{}
 	usedLen uint32
@@ -467,6 +526,9 @@ func (q *Queue) Add(segs []Segment, mode IndirectMode) (*Chain, error) {
 	if len(segs) == 0 {
 		return nil, errors.New("vmm: empty chain")
 	}
+	if q.Packed() {
+		return q.addPacked(segs, mode)
+	}
 	ds := make([]Desc, len(segs))
 	for i, s := range segs {
 		ds[i] = Desc{Addr: s.Addr, Len: s.Len}
@@ -518,6 +580,7 @@ func (q *Queue) Add(segs []Segment, mode IndirectMode) (*Chain, error) {
 // from Memory, or 0) are released when the device returns the chain. It
 // does not kick.
 func (q *Queue) AddRaw(head uint16, descs []uint16, table uint64) *Chain {
+	q.splitOnly("AddRaw")
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.addLocked(uint32(head), descs, table)
@@ -540,6 +603,9 @@ func (q *Queue) addLocked(head uint32, descs []uint16, table uint64) *Chain {
 // device wants a kick for what was published since the last decision, and
 // kicks if so (KickAlways: always; KickManual: never).
 func (q *Queue) Notify() (bool, error) {
+	if q.Packed() {
+		return q.notifyPacked()
+	}
 	q.mu.Lock()
 	newIdx := q.availIdx
 	oldIdx := newIdx - q.numAdded
@@ -568,7 +634,7 @@ func (q *Queue) Notify() (bool, error) {
 }
 
 // NeedEvent is vring_need_event: whether moving an index from old to new
-// crosses the event index.
+// crosses the event index (for packed rings see PackedNeedEvent).
 func NeedEvent(event, newIdx, oldIdx uint16) bool {
 	return newIdx-event-1 < newIdx-oldIdx
 }
@@ -600,8 +666,8 @@ func (q *Queue) Kick() error {
 }
 
 // Wait waits for the device to return the chain and returns the used
-// length. On timeout the error tells whether used.idx had moved without a
-// notification.
+// length. On timeout the error tells whether used.idx had moved (packed: a
+// used descriptor was waiting) without a notification.
 func (c *Chain) Wait(timeout time.Duration) (uint32, error) {
 	t := time.NewTimer(timeout)
 	defer t.Stop()
@@ -617,6 +683,9 @@ func (c *Chain) Wait(timeout time.Duration) (uint32, error) {
 	case <-c.done:
 		return c.usedLen, c.err
 	default:
+	}
+	if q.cfg.Packed {
+		return 0, q.packedTimeout(c)
 	}
 	used := q.UsedIdx()
 	if used != q.lastUsed {
@@ -655,6 +724,9 @@ func (q *Queue) Harvest() []Completion {
 }
 
 func (q *Queue) harvestLocked() []Completion {
+	if q.cfg.Packed {
+		return q.harvestPackedLocked()
+	}
 	var got []Completion
 	for {
 		// The atomic load orders the element reads after it.
@@ -694,7 +766,8 @@ func (q *Queue) violate(format string, args ...any) {
 }
 
 // Violations lists device misbehaviour seen so far (ids returned twice or
-// never made available, used.idx jumps).
+// never made available, used.idx jumps; on packed rings also used lengths
+// beyond a chain's writable bytes).
 func (q *Queue) Violations() []string {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -712,6 +785,15 @@ func (q *Queue) History() []Completion {
 func (q *Queue) InFlight() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.cfg.Packed {
+		n := 0
+		for _, c := range q.inflight {
+			for ; c != nil; c = c.sameID {
+				n++
+			}
+		}
+		return n
+	}
 	return len(q.inflight)
 }
 
@@ -876,11 +958,7 @@ func (q *Queue) Reset(newRing bool) error {
 		clear(q.avail)
 		clear(q.used)
 	}
-	for id, c := range q.inflight {
-		delete(q.inflight, id)
-		c.descs = nil
-		c.complete(0, ErrAbandoned)
-	}
+	q.abandon(ErrAbandoned)
 	q.resetFree()
 	q.availIdx, q.numAdded, q.lastUsed = 0, 0, 0
 	return nil
@@ -900,14 +978,22 @@ func (q *Queue) Close() {
 	<-q.irqDone
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for id, c := range q.inflight {
-		delete(q.inflight, id)
-		c.descs = nil
-		c.complete(0, ErrClosed)
-	}
+	q.abandon(ErrClosed)
 	// Under the lock, so that a concurrent Kick never writes a closed
 	// (and possibly reused) fd number.
 	q.closeFds()
+}
+
+// abandon completes every chain in flight with err, keeping their
+// descriptors off the free list (the device may still read them).
+func (q *Queue) abandon(err error) {
+	for id, c := range q.inflight {
+		delete(q.inflight, id)
+		for ; c != nil; c = c.sameID {
+			c.descs = nil
+			c.complete(0, err)
+		}
+	}
 }
 
 func (q *Queue) closeFds() {
