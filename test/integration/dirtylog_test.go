@@ -94,13 +94,34 @@ func (l *logged) request(t *testing.T, r vmm.FuseRequest) (uint32, map[uint64]bo
 	return n, written
 }
 
-// ringPages returns the pages of ring i's used ring that the daemon may
-// write: flags and index, the entry for used index idx-1, avail_event.
-func ringPages(q *vmm.Queue, idx uint16) (usedIdx, entry, availEvent uint64) {
-	u := q.Addrs().Used
+// ringPages returns the pages of ring q the daemon writes when it returns
+// a chain: required, those of the last used entry written (split: the used
+// ring's index and the entry before used.idx; packed: the used descriptor
+// in the slot before the driver's next used slot, every request here taking
+// one slot), and allowed, those it may write at any time (split:
+// avail_event; packed: the device event area).
+func ringPages(q *vmm.Queue) (required []uint64, allowed uint64) {
+	a := q.Addrs()
 	n := uint64(q.Size())
-	slot := uint64((idx - 1) % uint16(n))
-	return u / vmm.LogPageSize, (u + 4 + 8*slot) / vmm.LogPageSize, (u + 4 + 8*n) / vmm.LogPageSize
+	if q.Packed() {
+		q.Harvest()
+		i, _ := q.NextUsed()
+		slot := (uint64(i) + n - 1) % n
+		return []uint64{(a.Desc + vmm.DescSize*slot) / vmm.LogPageSize}, a.Used / vmm.LogPageSize
+	}
+	slot := uint64((q.UsedIdx() - 1) % uint16(n))
+	return []uint64{a.Used / vmm.LogPageSize, (a.Used + 4 + 8*slot) / vmm.LogPageSize}, (a.Used + 4 + 8*n) / vmm.LogPageSize
+}
+
+// usedCount is how far ring q's used position has moved from 0 (packed:
+// within the first lap).
+func usedCount(q *vmm.Queue) int {
+	if q.Packed() {
+		q.Harvest()
+		i, _ := q.NextUsed()
+		return int(i)
+	}
+	return int(q.UsedIdx())
 }
 
 // opendirRoot opens the shared directory's root for READDIR.
@@ -129,11 +150,13 @@ func TestDirtyLogExactPages(t *testing.T) {
 	dirFH := l.c.opendirRoot()
 	// Move ring 1's used index to entries that live in another page than
 	// the index itself.
-	for q.UsedIdx() < 600 {
+	// (On a packed ring: used descriptors in another page than the
+	// ring's first.)
+	for usedCount(q) < 600 {
 		l.c.getattr(l.node)
 	}
-	if u, e, _ := ringPages(q, q.UsedIdx()+1); u == e {
-		t.Fatalf("used index and entry %d in one page: the test would not tell them apart", q.UsedIdx())
+	if r, _ := ringPages(q); len(r) == 2 && r[0] == r[1] || len(r) == 1 && r[0] == q.Addrs().Desc/vmm.LogPageSize {
+		t.Fatalf("used entry %d in the ring's first page: the test would not tell them apart", usedCount(q))
 	}
 	cases := []struct {
 		name string
@@ -160,14 +183,17 @@ func TestDirtyLogExactPages(t *testing.T) {
 			if n <= 16 && tc.name == "readdir" {
 				t.Fatalf("READDIR answered %d bytes: no entries", n)
 			}
-			usedIdx, entry, _ := ringPages(q, q.UsedIdx())
+			ring, _ := ringPages(q)
 			required := maps.Clone(written)
-			required[usedIdx], required[entry] = true, true
-			// The daemon may also write avail_event of any logging
-			// ring (it does when a server goes to sleep).
+			for _, p := range ring {
+				required[p] = true
+			}
+			// The daemon may also write avail_event (packed: the
+			// device event area) of any logging ring (it does when a
+			// server goes to sleep).
 			allowed := maps.Clone(required)
 			for _, rq := range l.dev.Queues {
-				_, _, ae := ringPages(rq, 1)
+				_, ae := ringPages(rq)
 				allowed[ae] = true
 			}
 			got := l.log.Pages()

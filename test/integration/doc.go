@@ -14,11 +14,16 @@
 // chain shapes, memory layouts, multiqueue), stoprestart_test.go (exact
 // pause/resume with requests in flight, guest reset), memory_test.go
 // (regions across restarts, hotplug, call fd swaps, a shrunk memfd),
-// disconnect_test.go, malformed_ring_test.go and malformed_msg_test.go.
+// disconnect_test.go, malformed_ring_test.go (split and packed rings) and
+// malformed_msg_test.go.
 //
 // Knobs:
 //
 //	GOVIRTIOFSD_STRESS_ITER=N   stop/restart iterations (default 1000)
 //	GOVIRTIOFSD_KNOWN_BUGS=1    run the tests of known, not yet fixed daemon bugs
 //	GOVIRTIOFSD_TEST_LOG=1      log every daemon's whole stderr
+//	GOVIRTIOFSD_INTEGRATION_RINGS=packed
+//	                            every device requires packed virtqueues
+//	                            (make integration-sandbox runs the ring
+//	                            tests so: PACKED_RING_TESTS in the Makefile)
 package integration

@@ -267,7 +267,7 @@ func (d *daemon) exited() bool {
 // of the one it replaces.
 func (d *daemon) connect(opts vmm.Options) *vmm.Device {
 	d.t.Helper()
-	dev, err := vmm.Start(d.sock, opts)
+	dev, err := vmm.Start(d.sock, withRings(opts))
 	if err != nil {
 		d.t.Fatalf("vmm start: %v", err)
 	}
@@ -281,7 +281,7 @@ func (d *daemon) connect(opts vmm.Options) *vmm.Device {
 // dial connects without sending anything.
 func (d *daemon) dial(opts vmm.Options) *vmm.Device {
 	d.t.Helper()
-	dev, err := vmm.Connect(d.sock, opts)
+	dev, err := vmm.Connect(d.sock, withRings(opts))
 	if err != nil {
 		d.t.Fatalf("vmm connect: %v", err)
 	}
@@ -486,6 +486,62 @@ func envInt(name string, def int) int {
 }
 
 // opts returns the default options with the integration timeout.
+// packedRings: GOVIRTIOFSD_INTEGRATION_RINGS=packed runs the tests on
+// packed virtqueues (make integration-sandbox runs the ring tests again so):
+// every device the harness connects then requires VIRTIO_F_RING_PACKED.
+var packedRings = os.Getenv("GOVIRTIOFSD_INTEGRATION_RINGS") == "packed"
+
+// withRings adds the packed-ring requirement to o when the tests run on
+// packed rings, whatever features a test chose (0 means the defaults).
+func withRings(o vmm.Options) vmm.Options {
+	if packedRings {
+		o = requirePacked(o)
+	}
+	return o
+}
+
+// requirePacked makes o ask for packed rings and refuse to start without.
+func requirePacked(o vmm.Options) vmm.Options {
+	if o.Features == 0 {
+		o.Features = vmm.DefaultFeatures
+	}
+	o.Features |= vmm.Bit(vmm.FRingPacked)
+	o.RequireFeatures |= vmm.Bit(vmm.FRingPacked)
+	return o
+}
+
+// usedAtStop is where the device of stopped ring q will write its next
+// used entry, from the ring and GET_VRING_BASE's base, once it checked that
+// the device had returned every chain it took: a split ring's used.idx
+// equals base; a packed ring's base has its used position equal to its
+// avail position (index and wrap counter).
+func usedAtStop(q *vmm.Queue, base uint32) (uint32, error) {
+	if q.Packed() {
+		b := vmm.ParsePackedBase(base)
+		if b.UsedIdx != b.AvailIdx || b.UsedWrap != b.AvailWrap {
+			return 0, fmt.Errorf("GET_VRING_BASE %v: chains taken and not returned", b)
+		}
+		return base >> 16, nil
+	}
+	if u := q.UsedIdx(); uint16(base) != u {
+		return 0, fmt.Errorf("GET_VRING_BASE = %d but used.idx = %d: not every request taken was pushed before the answer", base, u)
+	}
+	return base, nil
+}
+
+// usedNow is where the device's next used entry goes as the ring shows it
+// now, in usedAtStop's terms: a split ring's used.idx; on a packed ring the
+// driver's next used slot and wrap counter after collecting every used
+// descriptor written (a device that wrote one more moves it).
+func usedNow(q *vmm.Queue) uint32 {
+	if q.Packed() {
+		q.Harvest()
+		i, w := q.NextUsed()
+		return uint32(vmm.OffWrap(i, w))
+	}
+	return uint32(q.UsedIdx())
+}
+
 func opts() vmm.Options {
 	o := vmm.DefaultOptions()
 	o.Timeout = opTimeout

@@ -22,6 +22,9 @@ func getattrRequest(c *fsc, mode vmm.IndirectMode) vmm.FuseRequest {
 // still serves, and a restart of the broken ring (at its base, or a guest
 // reset) recovers it.
 func TestMalformedRing(t *testing.T) {
+	if packedRings {
+		t.Skip("split-ring malformations; TestMalformedPackedRing covers packed rings")
+	}
 	for _, kind := range vmm.Malformations() {
 		for _, size := range []uint16{128, 1024} {
 			name := kind.String()
@@ -78,7 +81,8 @@ func TestMalformedRing(t *testing.T) {
 	}
 }
 
-// brokenRing checks the state after an avail index jump on ring 1 and
+// brokenRing checks the state after an avail index jump (packed: a chain
+// whose end cannot be found) on ring 1 and
 // recovers the ring: by a pause/resume at the base it reports (round 0), by
 // a driver reset of that ring in new memory (round 1) or by a guest reboot
 // (round 2).
@@ -103,8 +107,8 @@ func brokenRing(t *testing.T, d *daemon, dev *vmm.Device, c *fsc, round int) {
 		if err != nil {
 			t.Fatalf("stop of the broken ring: %v", err)
 		}
-		if u := q.UsedIdx(); uint16(base) != u {
-			t.Errorf("broken ring: GET_VRING_BASE %d, used.idx %d", base, u)
+		if _, err := usedAtStop(q, base); err != nil {
+			t.Errorf("broken ring: %v", err)
 		}
 		// The driver resets its ring state and moves the ring; the
 		// session is unchanged.
@@ -143,6 +147,9 @@ func brokenRing(t *testing.T, d *daemon, dev *vmm.Device, c *fsc, round int) {
 // INDIRECT_DESC not negotiated, and the indirect ones then fail for that
 // reason alone.
 func TestMalformedRingNoIndirect(t *testing.T) {
+	if packedRings {
+		t.Skip("split-ring malformations; TestMalformedPackedRing covers packed rings")
+	}
 	d := startDaemon(t)
 	o := opts()
 	o.Features = vmm.DefaultFeatures &^ vmm.Bit(vmm.FIndirectDesc)
@@ -187,9 +194,15 @@ func TestMalformedMixedWithValid(t *testing.T) {
 		kind vmm.Malformation
 	}
 	var subs []sub
+	kinds := vmm.Malformations()
+	if q.Packed() {
+		kinds = vmm.PackedMalformations()
+	}
 	for round := range 4 {
-		for _, kind := range vmm.Malformations() {
-			if kind == vmm.BadAvailJump || kind == vmm.BadHeadOutOfRange {
+		for _, kind := range kinds {
+			// Only the chains returned with len 0; a reused id may be
+			// answered in full (TestMalformedPackedRing).
+			if kind.Reaction() != vmm.ReturnedEmpty || kind == vmm.BadDuplicateID {
 				continue
 			}
 			ch, err := q.AddMalformed(kind, getattrRequest(c, vmm.IndirectAuto))
@@ -223,4 +236,83 @@ func TestMalformedMixedWithValid(t *testing.T) {
 		}
 	}
 	noViolations(t, dev)
+}
+
+// TestMalformedPackedRing applies every packed-ring malformation to a
+// request on ring 1 of a packed device, as TestMalformedRing does on split
+// rings (vmm.Malformation.Reaction says what a correct device does): a
+// chain whose extent is known comes back as used with len 0 under its id,
+// the used index moved by its slots, so that later requests on the same
+// ring still complete; a chain longer than the ring, or one that runs into
+// a slot that is not available, breaks the ring (logged) until it is set
+// up again, while the other rings serve.
+func TestMalformedPackedRing(t *testing.T) {
+	for _, kind := range vmm.PackedMalformations() {
+		for _, size := range []uint16{128, 1024} {
+			name := kind.String()
+			if size != 128 {
+				name += "-q1024"
+			}
+			t.Run(name, func(t *testing.T) {
+				d := startDaemon(t)
+				o := requirePacked(opts())
+				o.Queues, o.QueueSize = 3, size
+				dev := d.connect(o)
+				c := newFS(t, dev, 1)
+				c.mount()
+				q := dev.Queue(1)
+				if !q.Packed() {
+					t.Fatal("ring 1 is not packed")
+				}
+				rounds := 3
+				if kind == vmm.BadChainTooLong {
+					// It needs every slot free, and the request left
+					// unserved by the broken ring holds one after the
+					// recovery; chain-unterminated covers rounds 1 and 2.
+					rounds = 1
+				}
+				for round := range rounds {
+					ch, err := q.AddMalformed(kind, getattrRequest(c, vmm.IndirectAuto))
+					if err != nil {
+						t.Fatalf("building %v: %v", kind, err)
+					}
+					if err := q.Kick(); err != nil {
+						t.Fatal(err)
+					}
+					if kind.Reaction() == vmm.RingBroken {
+						brokenRing(t, d, dev, c, round)
+						continue
+					}
+					n, err := ch.Wait(opTimeout)
+					if err != nil {
+						t.Fatalf("round %d: %v chain not returned: %v", round, kind, err)
+					}
+					if orig := ch.Original(); orig != nil {
+						// A reused id: the first request is answered in
+						// full; the second with len 0 if the daemon still
+						// held the first when it read it, else in full.
+						if _, err := orig.Wait(opTimeout); err != nil {
+							t.Fatalf("round %d: the request whose id was reused: %v", round, err)
+						}
+						if n != 0 && n != 16+vmm.FuseAttrOutSize {
+							t.Errorf("round %d: the chain reusing an id returned with used len %d", round, n)
+						}
+					} else if n != 0 {
+						t.Errorf("round %d: %v chain returned with used len %d, want 0", round, kind, n)
+					}
+					c.check() // the same ring still serves
+				}
+				c.roundTrip(d, "after", pattern(int(kind), 20000))
+				newFS(t, dev, 2).check()
+				d.alive()
+				if kind.Reaction() != vmm.RingBroken {
+					noViolations(t, dev)
+				}
+				if kind != vmm.BadDuplicateID && kind.Reaction() != vmm.RingBroken &&
+					d.logCount("malformed chain")+d.logCount("without a complete fuse_in_header") == 0 {
+					t.Errorf("the malformed request was not logged")
+				}
+			})
+		}
+	}
 }

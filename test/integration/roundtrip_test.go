@@ -313,6 +313,9 @@ func submitStraddling(t *testing.T, q *vmm.Queue, segs []vmm.Segment, indirect b
 		}
 		return ch
 	}
+	if q.Packed() {
+		return submitStraddlingPacked(t, q, segs, tableAt)
+	}
 	ds := make([]vmm.Desc, len(segs))
 	for i, s := range segs {
 		ds[i] = vmm.Desc{Addr: s.Addr, Len: s.Len}
@@ -333,6 +336,33 @@ func submitStraddling(t *testing.T, q *vmm.Queue, segs []vmm.Segment, indirect b
 	}
 	q.WriteDesc(ids[0], vmm.Desc{Addr: tableAt, Len: uint32(len(ds)) * vmm.DescSize, Flags: vmm.DescIndirect})
 	ch := q.AddRaw(ids[0], ids, 0)
+	if _, err := q.Notify(); err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+// submitStraddlingPacked is submitStraddling's indirect chain on a packed
+// ring: the table holds packed descriptors (no NEXT), under a buffer id
+// beyond the ring's size (the spec bounds none; the driver's own ids are
+// below it).
+func submitStraddlingPacked(t *testing.T, q *vmm.Queue, segs []vmm.Segment, tableAt uint64) *vmm.Chain {
+	t.Helper()
+	ds := make([]vmm.PackedDesc, len(segs))
+	for i, s := range segs {
+		ds[i] = vmm.PackedDesc{Addr: s.Addr, Len: s.Len}
+		if s.Write {
+			ds[i].Flags |= vmm.DescWrite
+		}
+	}
+	if err := q.WritePackedTable(tableAt, ds); err != nil {
+		t.Fatal(err)
+	}
+	const id = 0xfff0
+	ch, err := q.AddPackedRaw([]vmm.PackedDesc{{Addr: tableAt, Len: uint32(len(ds)) * vmm.DescSize, ID: id, Flags: vmm.DescIndirect}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := q.Notify(); err != nil {
 		t.Fatal(err)
 	}
