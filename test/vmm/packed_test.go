@@ -539,8 +539,11 @@ func TestPackedInterruptSuppression(t *testing.T) {
 				t.Fatalf("eventIdx=%v: %v", eventIdx, err)
 			}
 		}
-		off, flags := q.DriverEvent()
+		// NextUsed first: it waits for the interrupt handler's harvest,
+		// which may still be writing the event area after it completed
+		// the last chain.
 		idx, wrap := q.NextUsed()
+		off, flags := q.DriverEvent()
 		if eventIdx && (flags != EventFlagDesc || off != OffWrap(idx, wrap)) {
 			t.Errorf("EVENT_IDX: driver event %#x flags %d, want %#x flags DESC", off, flags, OffWrap(idx, wrap))
 		}
