@@ -21,10 +21,13 @@ type Config struct {
 	// Rust: the Rust virtiofsd (SuiteOptions.RustBin), with its own long
 	// options; neither Ours nor Rust: the reference C daemon.
 	Rust  bool
-	Pool  int      // --thread-pool-size; <0: not passed (the daemon's default)
-	Rings int      // request rings the front end sets up
-	Bin   string   // binary, if not SuiteOptions' (an A/B build of ours)
-	Extra []string // more arguments (SuiteOptions.ProfileDir)
+	Pool  int // --thread-pool-size; <0: not passed (the daemon's default)
+	Rings int // request rings the front end sets up
+	// Packed: the front end asks for packed rings (VIRTIO_F_RING_PACKED)
+	// and fails if the daemon does not offer them.
+	Packed bool
+	Bin    string   // binary, if not SuiteOptions' (an A/B build of ours)
+	Extra  []string // more arguments (SuiteOptions.ProfileDir)
 }
 
 // Label is a short column heading.

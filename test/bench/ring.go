@@ -15,7 +15,8 @@ import (
 
 var le = binary.LittleEndian
 
-// Ring is a lean driver side of one split virtqueue, for throughput runs:
+// Ring is a lean driver side of one virtqueue, split or packed, for
+// throughput runs:
 // it takes over a ring that test/vmm set up (vmm.Device.Start) once the
 // ring is idle, and from then on owns it. Unlike vmm.Queue it never
 // allocates on the request path, keeps no per-chain map or channel, and
@@ -32,6 +33,10 @@ var le = binary.LittleEndian
 //     index (virtqueue_enable_cb), re-checks, and blocks in read(2) on the
 //     ring's call eventfd, which this Ring created and sent with
 //     SET_VRING_CALL (a guest unmasking its vector).
+//
+// On a packed ring (packed.go) every request is one slot: Add writes the
+// head's descriptor into the next slot, flags last, and Next reads the used
+// descriptors the device wrote in their place.
 type Ring struct {
 	Index  int
 	size   uint16
@@ -44,6 +49,7 @@ type Ring struct {
 	one    [8]byte
 
 	eventIdx bool
+	packed   *packedDriver // nil: split
 	availIdx uint16
 	pending  uint16 // published since the last kick decision
 	lastUsed uint16
@@ -99,11 +105,18 @@ func TakeoverAll(dev *vmm.Device) ([]*Ring, error) {
 		}
 		return nil, err
 	}
+	packed := dev.Negotiated(vmm.FRingPacked)
 	for i, q := range dev.Queues {
-		if bases[i] != uint32(q.AvailIdx()) {
+		if !packed && bases[i] != uint32(q.AvailIdx()) {
 			return fail(fmt.Errorf("bench: ring %d: GET_VRING_BASE %d, but avail.idx is %d", i, bases[i], q.AvailIdx()))
 		}
-		r, err := newRing(dev.Mem, q, dev.Negotiated(vmm.FEventIdx))
+		var r *Ring
+		var err error
+		if packed {
+			r, err = newPackedRing(dev.Mem, q, dev.Negotiated(vmm.FEventIdx), bases[i])
+		} else {
+			r, err = newRing(dev.Mem, q, dev.Negotiated(vmm.FEventIdx))
+		}
 		if err != nil {
 			return fail(err)
 		}
@@ -159,15 +172,21 @@ func newRing(mem *vmm.Memory, q *vmm.Queue, eventIdx bool) (*Ring, error) {
 	if a.Avail%4 != 0 || a.Used%4 != 0 {
 		return nil, errors.New("bench: avail and used rings must be 4-byte aligned")
 	}
+	return r, r.openFds()
+}
+
+// openFds makes the ring's call and kick eventfds.
+func (r *Ring) openFds() error {
+	var err error
 	if r.call, err = unix.Eventfd(0, unix.EFD_CLOEXEC); err != nil {
-		return nil, err
+		return err
 	}
 	if r.kickFd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
 		r.Close()
-		return nil, err
+		return err
 	}
 	le.PutUint64(r.one[:], 1)
-	return r, nil
+	return nil
 }
 
 // Close closes the eventfds.
@@ -192,8 +211,12 @@ func (r *Ring) kick() error {
 // Size is the number of descriptors.
 func (r *Ring) Size() uint16 { return r.size }
 
-// SetDesc writes descriptor i.
+// SetDesc writes descriptor i (packed: the descriptor Add(i) writes).
 func (r *Ring) SetDesc(i uint16, d vmm.Desc) {
+	if r.packed != nil {
+		r.packed.heads[i] = d
+		return
+	}
 	b := r.desc[int(i)*vmm.DescSize:]
 	le.PutUint64(b, d.Addr)
 	le.PutUint32(b[8:], d.Len)
@@ -203,6 +226,11 @@ func (r *Ring) SetDesc(i uint16, d vmm.Desc) {
 
 // Add puts head in the next avail slot without publishing it.
 func (r *Ring) Add(head uint16) {
+	if r.packed != nil {
+		r.packed.add(r, head)
+		r.pending++
+		return
+	}
 	le.PutUint16(r.avail[4+2*int(r.availIdx&r.mask):], head)
 	r.availIdx++
 	r.pending++
@@ -214,6 +242,15 @@ func (r *Ring) Add(head uint16) {
 func (r *Ring) Publish() error {
 	if r.pending == 0 {
 		return nil
+	}
+	if r.packed != nil {
+		kick := r.packed.needKick(r)
+		r.pending = 0
+		if !kick {
+			return nil
+		}
+		r.Kicks++
+		return r.kick()
 	}
 	w := (*uint32)(unsafe.Pointer(&r.avail[0]))
 	flags := atomic.LoadUint32(w) & 0xffff
@@ -257,6 +294,9 @@ func (r *Ring) setUsedEvent(v uint16) {
 // Next returns the next used element, if the device has published one
 // since the last call.
 func (r *Ring) Next() (id, n uint32, ok bool) {
+	if r.packed != nil {
+		return r.packed.next(r)
+	}
 	if r.lastUsed == r.usedIdx() {
 		return 0, 0, false
 	}
@@ -266,7 +306,12 @@ func (r *Ring) Next() (id, n uint32, ok bool) {
 }
 
 // HasUsed reports whether used elements are waiting.
-func (r *Ring) HasUsed() bool { return r.usedIdx() != r.lastUsed }
+func (r *Ring) HasUsed() bool {
+	if r.packed != nil {
+		return r.packed.usedAt(r, r.lastUsed, r.packed.usedWrap)
+	}
+	return r.usedIdx() != r.lastUsed
+}
 
 // Wait blocks until a used element is waiting: it first polls used.idx
 // for up to Spin, then asks for an interrupt once batch more elements
@@ -307,15 +352,25 @@ func (r *Ring) Wait(batch int) error {
 	if batch > 1 {
 		ev += uint16(batch - 1)
 	}
+	var evWrap bool
+	if r.packed != nil {
+		ev, evWrap = r.packed.advance(r.lastUsed, r.packed.usedWrap, max(batch-1, 0), r.size)
+	}
 	for {
-		if r.eventIdx {
-			r.setUsedEvent(ev)
-		}
-		if r.usedIdx()-r.lastUsed > ev-r.lastUsed {
-			return nil
+		if r.packed != nil {
+			if r.packed.armInterrupt(r, ev, evWrap) {
+				return nil
+			}
+		} else {
+			if r.eventIdx {
+				r.setUsedEvent(ev)
+			}
+			if r.usedIdx()-r.lastUsed > ev-r.lastUsed {
+				return nil
+			}
 		}
 		r.Sleeps++
-		r.sleep.Store(uint64(uint32(r.Sleeps))<<32 | uint64(r.lastUsed)<<16 | uint64(ev))
+		r.sleep.Store(uint64(uint32(r.Sleeps))<<32 | uint64(r.lastUsed)<<16 | uint64(packedPos(ev, evWrap)))
 		r.asleep.Store(true)
 		var err error
 		if r.Raw {
@@ -358,6 +413,9 @@ func (r *Ring) Interrupt() {
 // goroutine may still run: it reads only the shared ring words and what
 // Wait published for the watchdog. The counters are in Counters.
 func (r *Ring) Diag() string {
+	if r.packed != nil {
+		return r.packed.diag(r)
+	}
 	usedEvent := uint16(atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.avail[4+2*int(r.size)]))))
 	availIdx := uint16(atomic.LoadUint32((*uint32)(unsafe.Pointer(&r.avail[0]))) >> 16)
 	waits := "driver not asleep"
@@ -386,5 +444,8 @@ func (r *Ring) checkLost() (sleep uint64, lost bool) {
 	}
 	v := r.sleep.Load()
 	last, ev := uint16(v>>16), uint16(v)
+	if r.packed != nil {
+		return v, r.packed.usedAt(r, ev&0x7fff, ev&0x8000 != 0)
+	}
 	return v, r.usedIdx()-last > ev-last
 }

@@ -236,6 +236,9 @@ func bufMiB(depth, size int) uint64 {
 // and the front end's first kick, INIT's, would otherwise beat it).
 func (c Config) targetOptions(queueSize uint16, bufMiB uint64) vmm.Options {
 	opts := TargetOptions(c.Rings, queueSize, bufMiB)
+	if c.Packed {
+		opts.Features |= vmm.Bit(vmm.FRingPacked)
+	}
 	if c.Rust {
 		opts.Ack = vmm.AckQEMU10
 	}
@@ -537,6 +540,7 @@ func (sr *SuiteResult) Print(out io.Writer) {
 	}
 	tw.Flush()
 
+	sr.printPacked(out)
 	sr.printCeiling(out)
 
 	fmt.Fprintf(out, "\nLatency p50 / p99 (submission to reap) of the run with the median rate; p99 ratio = the median over rounds\n"+
@@ -710,4 +714,59 @@ func missing(cells []Cell) string {
 		return "-"
 	}
 	return "error"
+}
+
+// PackedConfigs are ours on packed rings (bench -packed), compared with
+// ours and ours-2q on split rings.
+func PackedConfigs() []Config {
+	return []Config{
+		{Name: "packed", Ours: true, Pool: -1, Rings: 1, Packed: true},
+		{Name: "packed-2q", Ours: true, Pool: -1, Rings: 2, Packed: true},
+	}
+}
+
+// printPacked compares ours on packed rings with ours on split rings, if
+// both ran: throughput (medians, and paired by round) and daemon CPU per
+// request.
+func (sr *SuiteResult) printPacked(out io.Writer) {
+	pairs := [][2]string{{"packed", "ours"}, {"packed-2q", "ours-2q"}}
+	var have [][2]string
+	for _, p := range pairs {
+		if slices.ContainsFunc(sr.Opts.Configs, func(c Config) bool { return c.Name == p[0] }) &&
+			slices.ContainsFunc(sr.Opts.Configs, func(c Config) bool { return c.Name == p[1] }) {
+			have = append(have, p)
+		}
+	}
+	if len(have) == 0 {
+		return
+	}
+	fmt.Fprintf(out, "\nPacked rings / split rings, ours with default settings: throughput (medians; paired by round)\n"+
+		"and daemon CPU µs per request (packed, split, ratio)\n\n")
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	hdr := []string{"workload"}
+	for _, p := range have {
+		hdr = append(hdr, p[0]+"/"+p[1], "paired", "CPU/req", "CPU ratio")
+	}
+	fmt.Fprintln(tw, strings.Join(hdr, "\t")+"\t")
+	for _, w := range sr.Opts.Workloads {
+		row := []string{w.Name}
+		for _, p := range have {
+			a, b := median(sr.Cells[w.Name][p[0]], w), median(sr.Cells[w.Name][p[1]], w)
+			if a == nil || b == nil || b.Res.Rate(w) == 0 {
+				row = append(row, "-", "-", "-", "-")
+				continue
+			}
+			row = append(row, fmt.Sprintf("%.2fx", a.Res.Rate(w)/b.Res.Rate(w)))
+			if v, ok := pairedRatio(sr.Cells[w.Name], w, p[0], []string{p[1]}); ok {
+				row = append(row, fmt.Sprintf("%.2fx", v))
+			} else {
+				row = append(row, "-")
+			}
+			ca := a.DaemonCPU.Seconds() * 1e6 / float64(max(a.Res.Ops, 1))
+			cb := b.DaemonCPU.Seconds() * 1e6 / float64(max(b.Res.Ops, 1))
+			row = append(row, fmt.Sprintf("%.1f / %.1fµs", ca, cb), fmt.Sprintf("%.2fx", ca/cb))
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t")+"\t")
+	}
+	tw.Flush()
 }

@@ -175,6 +175,7 @@ func (r *Result) Rate(w Workload) float64 {
 type allocator struct {
 	mem    *vmm.Memory
 	region int
+	packed bool     // tables of packed descriptors
 	pages  []uint64 // shuffled free pages
 }
 
@@ -221,6 +222,9 @@ func (a *allocator) page() uint64 {
 // table writes segs as an indirect descriptor table and returns the head
 // descriptor that points at it.
 func (a *allocator) table(segs []vmm.Segment) (vmm.Desc, error) {
+	if a.packed {
+		return a.packedTable(segs)
+	}
 	ds := make([]vmm.Desc, len(segs))
 	for i, s := range segs {
 		ds[i] = vmm.Desc{Addr: s.Addr, Len: s.Len}
@@ -238,6 +242,27 @@ func (a *allocator) table(segs []vmm.Segment) (vmm.Desc, error) {
 		return vmm.Desc{}, err
 	}
 	if err := a.mem.WriteAt(vmm.EncodeDescs(ds), gpa); err != nil {
+		return vmm.Desc{}, err
+	}
+	return vmm.Desc{Addr: gpa, Len: uint32(n), Flags: vmm.DescIndirect}, nil
+}
+
+// packedTable is table for a packed ring: consecutive packed descriptors,
+// no NEXT.
+func (a *allocator) packedTable(segs []vmm.Segment) (vmm.Desc, error) {
+	ds := make([]vmm.PackedDesc, len(segs))
+	for i, s := range segs {
+		ds[i] = vmm.PackedDesc{Addr: s.Addr, Len: s.Len}
+		if s.Write {
+			ds[i].Flags |= vmm.DescWrite
+		}
+	}
+	n := uint64(len(ds)) * vmm.DescSize
+	gpa, _, err := a.buf(n, vmm.DescSize)
+	if err != nil {
+		return vmm.Desc{}, err
+	}
+	if err := a.mem.WriteAt(vmm.EncodePackedDescs(ds), gpa); err != nil {
 		return vmm.Desc{}, err
 	}
 	return vmm.Desc{Addr: gpa, Len: uint32(n), Flags: vmm.DescIndirect}, nil
@@ -704,7 +729,7 @@ func Run(t *Target, spec RunSpec) (*Result, error) {
 	rs := &runState{w: w, files: t.Files[:min(w.Files, len(t.Files))], fileSize: t.FileSize,
 		base: time.Now(), irqDiv: spec.IrqDiv}
 	rs.seq = make([]atomic.Uint64, len(rs.files))
-	a := &allocator{mem: t.Mem, region: t.BufRegion}
+	a := &allocator{mem: t.Mem, region: t.BufRegion, packed: t.Rings[0].packed != nil}
 	pagesPer := (w.Size + vmm.PageSize - 1) / vmm.PageSize
 	if w.IsIO() {
 		if err := a.reservePages(spec.Depth*pagesPer, w.Kind == SeqWrite || w.Kind == RandWrite); err != nil {

@@ -48,6 +48,7 @@ func main() {
 	flag.StringVar(&o.ProfileDir, "profile", "", "write a Go CPU profile of our daemon per run into this directory (CONFIG-WORKLOAD-N.pprof; our daemon then runs with --seccomp none)")
 	flag.StringVar(&o.TraceDir, "trace", "", "write a Go execution trace of our daemon per run into this directory (CONFIG-WORKLOAD-N.trace, for go tool trace; our daemon then runs with --seccomp none)")
 	oursEnv := flag.String("ours-env", "", "space-separated NAME=VALUE entries added to our daemon's environment (experiments)")
+	packed := flag.Bool("packed", false, "also run ours on packed rings, as configurations \"packed\" and \"packed-2q\", and compare them with ours and ours-2q")
 	alt := flag.String("alt", "", "another build of ours, run with default settings as configurations \"alt\" and \"alt-2q\" (A/B comparisons in one run)")
 	null := flag.Bool("null", false, "measure the front end alone against an in-process null device, then exit")
 	flag.Parse()
@@ -84,6 +85,9 @@ func main() {
 		if *configs == "" || contains(strings.Split(*configs, ","), c.Name) {
 			o.Configs = append(o.Configs, c)
 		}
+	}
+	if *packed {
+		o.Configs = append(o.Configs, bench.PackedConfigs()...)
 	}
 	if *alt != "" {
 		o.Configs = append(o.Configs, bench.Config{Name: "alt", Ours: true, Pool: -1, Rings: 1, Bin: *alt},
