@@ -171,6 +171,7 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 				return fmt.Errorf("--socket-path: %w", err)
 			}
 		}
+		created := createdPaths(o, "")
 		var ln *net.UnixListener
 		var lock *pidLock
 		if child {
@@ -192,17 +193,7 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 			defer ln.Close()
 			return daemonize(ln, lock)
 		}
-		cleanup = func() {
-			// The socket we created, then its pid file (the lock goes
-			// with the process), then a metrics socket.
-			if o.SocketPath != "" {
-				os.Remove(o.SocketPath)
-			}
-			lock.remove()
-			if p := metricsSocketPath(o.MetricsAddr); p != "" {
-				os.Remove(p)
-			}
-		}
+		cleanup = func() { removeCreated(created) }
 		defer cleanup()
 		// Checked (and raised) here, where the host's paths and
 		// CAP_SYS_RESOURCE are still at hand.
@@ -314,6 +305,43 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 		return fmt.Errorf("vhost-user: %w", err)
 	}
 	return nil
+}
+
+// createdPaths are the files the first process creates, in the order it
+// removes them once the daemon is gone: the socket, then its pid file
+// (while still holding its lock), then a metrics socket. Relative paths
+// resolve against dir, where the process was started ("": the working
+// directory).
+func createdPaths(o *Options, dir string) []string {
+	var paths []string
+	if o.SocketPath != "" && o.FD < 0 {
+		sock := absPath(dir, o.SocketPath)
+		paths = append(paths, sock, sock+".pid")
+	}
+	if p := metricsSocketPath(o.MetricsAddr); p != "" {
+		paths = append(paths, absPath(dir, p))
+	}
+	return paths
+}
+
+func removeCreated(paths []string) {
+	for _, p := range paths {
+		os.Remove(p)
+	}
+}
+
+// absPath resolves p against dir ("": the working directory).
+func absPath(dir, p string) string {
+	if filepath.IsAbs(p) {
+		return p
+	}
+	if dir == "" {
+		if a, err := filepath.Abs(p); err == nil {
+			return a
+		}
+		return p
+	}
+	return filepath.Join(dir, p)
 }
 
 // exitSignals registers for the signals that end the daemon; from then on
