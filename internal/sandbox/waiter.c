@@ -1,0 +1,204 @@
+// The waiter: what the supervisor of a sandboxed daemon becomes once the
+// daemon runs (waiter.go). A Go process idles at about a megabyte of
+// anonymous memory (heap arenas, stacks, the runtime's own structures);
+// this binary exec'd again stops here, in a constructor, before the Go
+// runtime starts, and waits for the daemon in a few pages. It never returns
+// to Go: when the daemon is gone it execs the binary once more as the Go
+// "reaped" stage, which reports and cleans up.
+//
+// Nothing here runs unless GOVIRTIOFSD_SANDBOX_STAGE=wait: the daemon, its
+// other stages and test binaries pay one getenv.
+
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "waiter.h"
+
+// The supervisor's side of the hand-over (handOver in waiter.go).
+
+static pid_t handover_tid;
+
+// handover_signal passes a stop signal caught by any other thread on to the
+// thread that will exec, where it is blocked: it stays pending there across
+// the exec, and the waiter takes it. Async-signal-safe: a system call.
+static void handover_signal(int sig) {
+	int saved = errno;
+	syscall(SYS_tgkill, getpid(), handover_tid, sig);
+	errno = saved;
+}
+
+int sandbox_handover_begin(void) {
+	sigset_t stop;
+	sigemptyset(&stop);
+	sigaddset(&stop, SIGTERM);
+	sigaddset(&stop, SIGINT);
+	sigaddset(&stop, SIGHUP);
+	// Blocked on this thread (the mask survives the exec); every other
+	// thread passes what it catches here.
+	if (pthread_sigmask(SIG_BLOCK, &stop, NULL) != 0)
+		return -1;
+	handover_tid = syscall(SYS_gettid);
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = handover_signal;
+	sa.sa_mask = stop;
+	// SA_ONSTACK: it may interrupt a goroutine on its small stack; Go
+	// gives every thread an alternate one.
+	sa.sa_flags = SA_ONSTACK | SA_RESTART;
+	if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0 ||
+	    sigaction(SIGHUP, &sa, NULL) != 0)
+		return -1;
+	return 0;
+}
+
+// The status the supervisor exits with when the daemon ended with status
+// (waitpid's) and stop was the signal passed on to it (0: none). Also in
+// Go, reaped in waiter.go, which logs what it means; this one is the
+// fallback when the reaped stage cannot be exec'd.
+int sandbox_exit_code(int status, int stop) {
+	if (stop != 0 && ((WIFSIGNALED(status) && WTERMSIG(status) != SIGSYS) ||
+			  (WIFEXITED(status) && WEXITSTATUS(status) == GO_SIGNAL_EXIT)))
+		return 0;
+	if (WIFSIGNALED(status))
+		return 128 + WTERMSIG(status);
+	return WEXITSTATUS(status);
+}
+
+// The waiter.
+
+// env_long is the positive number in the environment variable name, or -1.
+static long env_long(const char *name) {
+	const char *s = getenv(name);
+	if (s == NULL || *s == '\0')
+		return -1;
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno != 0 || *end != '\0' || v <= 0)
+		return -1;
+	return v;
+}
+
+static int64_t now_ns(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+// exec_reaped execs the binary again as the reaped stage, which learns
+// from its environment how the daemon ended (see reaped in waiter.go):
+// status is waitpid's (-1: the daemon was lost), stop the signal passed on
+// (0: none), killed whether the grace period ran out.
+static void exec_reaped(char **argv, int status, int stop, int killed) __attribute__((noreturn));
+static void exec_reaped(char **argv, int status, int stop, int killed) {
+	static char vstage[64], vstatus[64], vstop[64], vkilled[64];
+	snprintf(vstage, sizeof vstage, "%s=%s", ENV_STAGE, STAGE_REAPED);
+	snprintf(vstatus, sizeof vstatus, "%s=%d", ENV_STATUS, status);
+	snprintf(vstop, sizeof vstop, "%s=%d", ENV_STOP, stop);
+	snprintf(vkilled, sizeof vkilled, "%s=%d", ENV_KILLED, killed);
+	// Our environment with the stage replaced, plus these.
+	size_t n = 0;
+	while (environ[n] != NULL)
+		n++;
+	char **env = malloc((n + 5) * sizeof *env);
+	if (env != NULL) {
+		size_t j = 0;
+		for (size_t i = 0; i < n; i++) {
+			if (strncmp(environ[i], ENV_STAGE "=", strlen(ENV_STAGE) + 1) != 0)
+				env[j++] = environ[i];
+		}
+		env[j++] = vstage;
+		env[j++] = vstatus;
+		env[j++] = vstop;
+		env[j++] = vkilled;
+		env[j] = NULL;
+		// A stop signal that came after the daemon ended is for no
+		// one; the Go runtime would die of one that comes before
+		// main registers for them. Ignored until then (a pending one
+		// is dropped).
+		signal(SIGTERM, SIG_IGN);
+		signal(SIGINT, SIG_IGN);
+		signal(SIGHUP, SIG_IGN);
+		sigset_t all;
+		sigemptyset(&all);
+		sigaddset(&all, SIGTERM);
+		sigaddset(&all, SIGINT);
+		sigaddset(&all, SIGHUP);
+		sigaddset(&all, SIGCHLD);
+		sigprocmask(SIG_UNBLOCK, &all, NULL);
+		execve("/proc/self/exe", argv, env);
+		fprintf(stderr, "govirtiofsd: exec of the reaped stage: %s\n", strerror(errno));
+	}
+	_exit(status == -1 ? 1 : sandbox_exit_code(status, stop));
+}
+
+// wait_for_daemon waits for the daemon (ENV_PID) to end. The first stop
+// signal is passed on to it, again every ENV_RESEND ms (the init of a PID
+// namespace drops one it has no handler for yet), and after ENV_GRACE ms
+// it is killed. Signals are taken with sigtimedwait: no handler, no race.
+static void wait_for_daemon(char **argv) __attribute__((noreturn));
+static void wait_for_daemon(char **argv) {
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	sigaddset(&set, SIGCHLD);
+	// Stop signals are blocked already (handover), and any that came
+	// during the hand-over are pending.
+	sigprocmask(SIG_BLOCK, &set, NULL);
+	long pid = env_long(ENV_PID), resend_ms = env_long(ENV_RESEND), grace_ms = env_long(ENV_GRACE);
+	if (pid < 0 || resend_ms < 0 || grace_ms < 0) {
+		fprintf(stderr, "govirtiofsd: %s, %s or %s missing\n", ENV_PID, ENV_RESEND, ENV_GRACE);
+		_exit(1);
+	}
+	int stop = 0, killed = 0, status = 0;
+	int64_t next = 0, deadline = 0; // next resend; end of the grace period
+	for (;;) {
+		// First: the SIGCHLD of a daemon that ended before the
+		// exec was not blocked, and is lost.
+		pid_t r = waitpid((pid_t)pid, &status, WNOHANG);
+		if (r == (pid_t)pid)
+			break;
+		if (r < 0 && errno != EINTR)
+			exec_reaped(argv, -1, stop, killed);
+		struct timespec tick = {resend_ms / 1000, (resend_ms % 1000) * 1000000};
+		int sig = sigtimedwait(&set, NULL, stop != 0 && !killed ? &tick : NULL);
+		int64_t now = now_ns();
+		if (stop == 0 && (sig == SIGTERM || sig == SIGINT || sig == SIGHUP)) {
+			stop = sig;
+			kill((pid_t)pid, stop);
+			next = now + resend_ms * 1000000;
+			deadline = now + grace_ms * 1000000;
+		} else if (stop != 0 && !killed && now >= deadline) {
+			// It would keep its guest's requests and the socket's
+			// name: the reaped stage warns.
+			kill((pid_t)pid, SIGKILL);
+			killed = 1;
+		} else if (stop != 0 && !killed && now >= next) {
+			kill((pid_t)pid, stop);
+			next = now + resend_ms * 1000000;
+		}
+	}
+	exec_reaped(argv, status, stop, killed);
+}
+
+// sandbox_wait_stage runs before main, as glibc runs constructors: with
+// argc, argv and envp.
+__attribute__((constructor)) static void sandbox_wait_stage(int argc, char **argv, char **envp) {
+	(void)argc;
+	(void)envp;
+	const char *stage = getenv(ENV_STAGE);
+	if (stage != NULL && strcmp(stage, STAGE_WAIT) == 0)
+		wait_for_daemon(argv);
+}
