@@ -6,8 +6,8 @@
 // to Go: when the daemon is gone it execs the binary once more as the Go
 // "reaped" stage, which reports and cleans up.
 //
-// Nothing here runs unless GOVIRTIOFSD_SANDBOX_STAGE=wait: the daemon, its
-// other stages and test binaries pay one getenv.
+// Nothing here runs unless GOVIRTIOFSD_SANDBOX_STAGE is wait or reaped:
+// the daemon, its other stages and test binaries pay one getenv.
 
 #define _GNU_SOURCE
 #include <errno.h>
@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -58,6 +59,16 @@ int sandbox_handover_begin(void) {
 	if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0 ||
 	    sigaction(SIGHUP, &sa, NULL) != 0)
 		return -1;
+	// The signals a Go program ignores unless it asks for them (the
+	// runtime's sigtable): the supervisor outlived them, and so does
+	// the waiter, as an ignored signal stays ignored across an exec.
+	static const int go_ignores[] = {SIGUSR1, SIGUSR2, SIGPIPE, SIGALRM, SIGXCPU,
+					 SIGXFSZ, SIGVTALRM, SIGPROF, SIGIO, SIGPWR};
+	for (size_t i = 0; i < sizeof go_ignores / sizeof go_ignores[0]; i++)
+		signal(go_ignores[i], SIG_IGN);
+	for (int sig = 35; sig <= 64; sig++) // real-time, above glibc's own
+		if (sig != HANDOVER_FLUSH)
+			signal(sig, SIG_IGN);
 	return 0;
 }
 
@@ -199,6 +210,12 @@ __attribute__((constructor)) static void sandbox_wait_stage(int argc, char **arg
 	(void)argc;
 	(void)envp;
 	const char *stage = getenv(ENV_STAGE);
-	if (stage != NULL && strcmp(stage, STAGE_WAIT) == 0)
+	if (stage == NULL || (strcmp(stage, STAGE_WAIT) != 0 && strcmp(stage, STAGE_REAPED) != 0))
+		return;
+	// The name tools like pgrep know the supervisor by.
+	const char *comm = getenv(ENV_COMM);
+	if (comm != NULL)
+		prctl(PR_SET_NAME, comm, 0, 0, 0);
+	if (strcmp(stage, STAGE_WAIT) == 0)
 		wait_for_daemon(argv);
 }

@@ -28,6 +28,7 @@ import (
 	"os/signal"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -39,6 +40,7 @@ const (
 	stageWait   = C.STAGE_WAIT
 	stageReaped = C.STAGE_REAPED
 
+	envComm    = C.ENV_COMM
 	envPID     = C.ENV_PID
 	envResend  = C.ENV_RESEND
 	envGrace   = C.ENV_GRACE
@@ -66,10 +68,6 @@ var (
 	stopResend = 20 * time.Millisecond
 	stopGrace  = 5 * time.Second
 )
-
-// handoverMarker is a signal no one else sends (a real-time one, above
-// every stop signal): see handOver.
-const handoverMarker = syscall.Signal(40)
 
 // handOver replaces the supervisor, which started the daemon pid from
 // this (locked) thread, by the waiter; it returns only if the exec fails.
@@ -100,8 +98,8 @@ func handOver(cfg Config, pid int, sigs <-chan os.Signal, first os.Signal, dir s
 	// the marker, numbered above them all, is through, so is any of
 	// them caught before the handler above replaced Go's.
 	marker := make(chan os.Signal, 1)
-	signal.Notify(marker, handoverMarker)
-	unix.Kill(os.Getpid(), handoverMarker)
+	signal.Notify(marker, syscall.Signal(C.HANDOVER_FLUSH))
+	unix.Kill(os.Getpid(), syscall.Signal(C.HANDOVER_FLUSH))
 	select {
 	case <-marker:
 	case <-time.After(time.Second): // never; but do not hang the daemon's parent
@@ -124,7 +122,9 @@ func handOver(cfg Config, pid int, sigs <-chan os.Signal, first os.Signal, dir s
 			return fmt.Errorf("sandbox: keeping %s open: %w", f.Name(), err)
 		}
 	}
+	comm, _ := os.ReadFile("/proc/self/comm")
 	env := append(stageEnv(os.Environ()), envStage+"="+stageWait, envPID+"="+strconv.Itoa(pid),
+		envComm+"="+strings.TrimSuffix(string(comm), "\n"),
 		envResend+"="+strconv.FormatInt(stopResend.Milliseconds(), 10),
 		envGrace+"="+strconv.FormatInt(stopGrace.Milliseconds(), 10),
 		envWorkDir+"="+dir)

@@ -8,6 +8,10 @@
 #define STAGE_WAIT "wait"
 #define STAGE_REAPED "reaped"
 
+// The supervisor's name (/proc/PID/comm): an exec of /proc/self/exe would
+// make it "exe".
+#define ENV_COMM "GOVIRTIOFSD_SANDBOX_COMM"
+
 // For the waiter: the daemon's pid, how often a stop signal is repeated and
 // how long the daemon may take to stop, in milliseconds (the latter for the
 // reaped stage's report too).
@@ -25,6 +29,10 @@
 // The status a Go program exits with when a signal it has not registered
 // for would end it and cannot (goSignalExit in sandbox.go).
 #define GO_SIGNAL_EXIT 2
+
+// A real-time signal no one else sends, above every stop signal: it goes
+// through Go's signal queue (handOver).
+#define HANDOVER_FLUSH 40
 
 int sandbox_handover_begin(void);
 int sandbox_exit_code(int status, int stop);

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -93,6 +94,7 @@ func TestWaiter(t *testing.T) {
 		name   string
 		script string
 		early  bool // a SIGTERM in Go's hands at the hand-over
+		others bool // signals a Go program ignores to the waiter first
 		stop   bool // a SIGTERM to the waiter
 		code   int
 		log    []string
@@ -107,6 +109,7 @@ func TestWaiter(t *testing.T) {
 		{name: "ignored", script: `trap '' TERM; echo ready; ` + loop, stop: true, code: 0,
 			log: []string{`level=WARN msg="sandboxed daemon did not stop; killing it"`, "signal=terminated after=300ms",
 				`status="signal: killed"`}},
+		{name: "outlives-others", script: `trap 'exit 0' TERM; echo ready; ` + loop, others: true, stop: true, code: 0},
 		{name: "early", script: `trap 'exit 0' TERM; echo ready; ` + loop, early: true, code: 0},
 		{name: "sigsys", script: `echo ready; sleep 0.3; kill -SYS $$`, code: 128 + int(syscall.SIGSYS),
 			log: []string{`level=ERROR msg="sandboxed daemon killed by signal SIGSYS: a system call outside the seccomp allowlist (find it with --seccomp log or trap)" pid=`}},
@@ -140,8 +143,26 @@ func TestWaiter(t *testing.T) {
 				} else {
 					t.Logf("the waiter: RssAnon %d KiB", kb)
 				}
+				// Its name is the supervisor's (once its constructor
+				// runs), not "exe".
+				want, comm := filepath.Base(os.Args[0]), ""
+				for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+					b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+					if comm = strings.TrimSpace(string(b)); comm != "" && strings.HasPrefix(want, comm) {
+						break
+					}
+				}
+				if comm != "" && !strings.HasPrefix(want, comm) { // "": gone already
+					t.Errorf("the waiter is named %q, want %q", comm, want)
+				}
 			} else if tc.name != "exit" && tc.name != "sigsys" {
 				t.Fatalf("no wait stage:\n%s", output(out))
+			}
+			if tc.others {
+				for _, sig := range []syscall.Signal{syscall.SIGUSR1, syscall.SIGPIPE, syscall.SIGALRM, syscall.Signal(50)} {
+					syscall.Kill(pid, sig)
+				}
+				time.Sleep(10 * time.Millisecond)
 			}
 			if tc.stop {
 				syscall.Kill(pid, syscall.SIGTERM)
