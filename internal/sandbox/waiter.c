@@ -10,6 +10,7 @@
 // the daemon, its other stages and test binaries pay one getenv.
 
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -21,15 +22,32 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include "waiter.h"
 
 // The supervisor's side of the hand-over (handOver in waiter.go).
+//
+// A stop signal must not be lost while the supervisor turns into the
+// waiter. The exec ends every thread but the one that calls it, and a
+// signal another thread has taken from the process's queue dies with that
+// thread, be it still in the kernel or already in a handler (on a busy
+// machine a thread can be preempted there for milliseconds). So, before
+// the exec, every thread blocks the stop signals, which then stay pending
+// for the process and survive the exec, and a signal a thread took before
+// it blocked them is passed on to the exec'ing thread first.
 
-static pid_t handover_tid;
+static pid_t handover_tid; // the thread that will exec
+static int handover_acks;  // threads that have blocked the stop signals
 
-// handover_signal passes a stop signal caught by any other thread on to the
+static void stop_signals(sigset_t *set) {
+	sigaddset(set, SIGTERM);
+	sigaddset(set, SIGINT);
+	sigaddset(set, SIGHUP);
+}
+
+// handover_signal passes a stop signal caught by another thread on to the
 // thread that will exec, where it is blocked: it stays pending there across
 // the exec, and the waiter takes it. Async-signal-safe: a system call.
 static void handover_signal(int sig) {
@@ -38,30 +56,45 @@ static void handover_signal(int sig) {
 	errno = saved;
 }
 
+// handover_block makes the thread it runs on block the stop signals once
+// it returns. HANDOVER_MARK is blocked while handover_signal runs, so it
+// runs after any stop signal the thread took before.
+static void handover_block(int sig, siginfo_t *info, void *ctx) {
+	(void)sig;
+	(void)info;
+	stop_signals(&((ucontext_t *)ctx)->uc_sigmask);
+	__atomic_add_fetch(&handover_acks, 1, __ATOMIC_SEQ_CST);
+}
+
 int sandbox_handover_begin(void) {
 	sigset_t stop;
 	sigemptyset(&stop);
-	sigaddset(&stop, SIGTERM);
-	sigaddset(&stop, SIGINT);
-	sigaddset(&stop, SIGHUP);
-	// Blocked on this thread (the mask survives the exec); every other
-	// thread passes what it catches here.
+	stop_signals(&stop);
+	// Blocked on this thread: the mask survives the exec.
 	if (pthread_sigmask(SIG_BLOCK, &stop, NULL) != 0)
 		return -1;
 	handover_tid = syscall(SYS_gettid);
+	// SA_ONSTACK: a handler may interrupt a goroutine on its small
+	// stack; Go gives every thread an alternate one.
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);
 	sa.sa_handler = handover_signal;
 	sa.sa_mask = stop;
-	// SA_ONSTACK: it may interrupt a goroutine on its small stack; Go
-	// gives every thread an alternate one.
+	sigaddset(&sa.sa_mask, HANDOVER_MARK);
 	sa.sa_flags = SA_ONSTACK | SA_RESTART;
 	if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0 ||
 	    sigaction(SIGHUP, &sa, NULL) != 0)
 		return -1;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_sigaction = handover_block;
+	sa.sa_mask = stop;
+	sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+	if (sigaction(HANDOVER_MARK, &sa, NULL) != 0)
+		return -1;
 	// The signals a Go program ignores unless it asks for them (the
 	// runtime's sigtable): the supervisor outlived them, and so does
 	// the waiter, as an ignored signal stays ignored across an exec.
+	// (Not through os/signal, which would reset a thread's mask.)
 	static const int go_ignores[] = {SIGUSR1, SIGUSR2, SIGPIPE, SIGALRM, SIGXCPU,
 					 SIGXFSZ, SIGVTALRM, SIGPROF, SIGIO, SIGPWR};
 	for (size_t i = 0; i < sizeof go_ignores / sizeof go_ignores[0]; i++)
@@ -70,6 +103,54 @@ int sandbox_handover_begin(void) {
 		if (sig != HANDOVER_FLUSH)
 			signal(sig, SIG_IGN);
 	return 0;
+}
+
+// sandbox_handover_sweep has every thread but this one block the stop
+// signals (handover_block), and returns once they all have: -1 if one
+// did not within a second. Threads already swept are left alone, so it
+// can be called again for those the Go runtime started since.
+int sandbox_handover_sweep(void) {
+	static pid_t swept[1024];
+	static size_t nswept;
+	pid_t pid = getpid();
+	for (;;) {
+		DIR *d = opendir("/proc/self/task");
+		if (d == NULL)
+			return -1;
+		int before = __atomic_load_n(&handover_acks, __ATOMIC_SEQ_CST), sent = 0;
+		for (struct dirent *e; (e = readdir(d)) != NULL;) {
+			pid_t tid = (pid_t)atoi(e->d_name);
+			if (tid <= 0 || tid == handover_tid)
+				continue;
+			size_t i = 0;
+			while (i < nswept && swept[i] != tid)
+				i++;
+			if (i < nswept || nswept == sizeof swept / sizeof swept[0])
+				continue;
+			swept[nswept++] = tid;
+			if (syscall(SYS_tgkill, pid, tid, HANDOVER_MARK) == 0)
+				sent++;
+		}
+		closedir(d);
+		if (sent == 0)
+			return 0;
+		for (int waited = 0; __atomic_load_n(&handover_acks, __ATOMIC_SEQ_CST) - before < sent; waited++) {
+			if (waited == 10000)
+				return -1;
+			struct timespec ts = {0, 100000};
+			nanosleep(&ts, NULL);
+		}
+	}
+}
+
+// sandbox_handover_end is the last step before the exec: a last sweep,
+// then the hand-over's own signals are left as a Go program leaves them
+// (HANDOVER_FLUSH ignored, HANDOVER_MARK fatal).
+int sandbox_handover_end(void) {
+	int err = sandbox_handover_sweep();
+	signal(HANDOVER_FLUSH, SIG_IGN);
+	signal(HANDOVER_MARK, SIG_DFL);
+	return err;
 }
 
 // The status the supervisor exits with when the daemon ended with status

@@ -31,6 +31,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -79,11 +80,17 @@ var (
 // parent-death signal fires when that thread ends, and an exec ends every
 // thread but the one that calls it.
 func handOver(cfg Config, pid int, sigs <-chan os.Signal, first os.Signal, dir string) error {
-	// From here on a stop signal caught by any thread ends up pending,
-	// blocked, on this one (waiter.c).
+	// Before anything: os/signal's calls reset the mask of a thread of
+	// its own.
+	flush := make(chan os.Signal, 1)
+	signal.Notify(flush, syscall.Signal(C.HANDOVER_FLUSH))
+	// From here on a stop signal ends up pending, blocked, on this
+	// thread, or for the process while every thread blocks it
+	// (waiter.c).
 	if C.sandbox_handover_begin() != 0 {
 		return errors.New("sandbox: handing the stop signals over failed")
 	}
+	C.sandbox_handover_sweep() // best effort: a thread that does not answer within a second is given up
 	tid := unix.Gettid()
 	pass := func(s os.Signal) {
 		if sig, ok := s.(syscall.Signal); ok {
@@ -95,13 +102,11 @@ func handOver(cfg Config, pid int, sigs <-chan os.Signal, first os.Signal, dir s
 	}
 	// One that came before is in Go's hands: let it reach sigs. Go hands
 	// the signals it caught to os/signal in increasing order, so once
-	// the marker, numbered above them all, is through, so is any of
-	// them caught before the handler above replaced Go's.
-	marker := make(chan os.Signal, 1)
-	signal.Notify(marker, syscall.Signal(C.HANDOVER_FLUSH))
+	// HANDOVER_FLUSH, numbered above them all, is through, so is any of
+	// them Go's handler took (the sweep waited for every handler).
 	unix.Kill(os.Getpid(), syscall.Signal(C.HANDOVER_FLUSH))
 	select {
-	case <-marker:
+	case <-flush:
 	case <-time.After(time.Second): // never; but do not hang the daemon's parent
 	}
 	for drained := false; !drained; {
@@ -128,8 +133,23 @@ func handOver(cfg Config, pid int, sigs <-chan os.Signal, first os.Signal, dir s
 		envResend+"="+strconv.FormatInt(stopResend.Milliseconds(), 10),
 		envGrace+"="+strconv.FormatInt(stopGrace.Milliseconds(), 10),
 		envWorkDir+"="+dir)
-	err := syscall.Exec("/proc/self/exe", os.Args, env)
-	return fmt.Errorf("sandbox: exec of the waiter: %w", err)
+	argv, err := cStrings(os.Args)
+	if err != nil {
+		return err
+	}
+	envv, err := cStrings(env)
+	if err != nil {
+		return err
+	}
+	exe := []byte("/proc/self/exe\x00")
+	// Threads the runtime started since the sweep block the stop
+	// signals too; then nothing but the exec system call itself.
+	C.sandbox_handover_end()
+	_, _, errno := unix.RawSyscall(unix.SYS_EXECVE, uintptr(unsafe.Pointer(&exe[0])),
+		uintptr(unsafe.Pointer(&argv[0])), uintptr(unsafe.Pointer(&envv[0])))
+	runtime.KeepAlive(argv)
+	runtime.KeepAlive(envv)
+	return fmt.Errorf("sandbox: exec of the waiter: %w", errno)
 }
 
 func init() {

@@ -30,11 +30,16 @@
 // for would end it and cannot (goSignalExit in sandbox.go).
 #define GO_SIGNAL_EXIT 2
 
-// A real-time signal no one else sends, above every stop signal: it goes
-// through Go's signal queue (handOver).
+// The hand-over's own signals. HANDOVER_FLUSH goes through Go's signal
+// queue (handOver): a real-time one no one else sends, above every stop
+// signal. HANDOVER_MARK goes to each thread (waiter.c): one no one sends
+// and no Go thread blocks (the runtime's sigtable: _SigUnblock).
 #define HANDOVER_FLUSH 40
+#define HANDOVER_MARK SIGSTKFLT
 
 int sandbox_handover_begin(void);
+int sandbox_handover_sweep(void);
+int sandbox_handover_end(void);
 int sandbox_exit_code(int status, int stop);
 
 #endif
