@@ -130,24 +130,27 @@ func daemonize(ln *net.UnixListener, lock *pidLock) error {
 
 // relayReady is the background daemon's side of --daemonize, in its first
 // process. It returns the write end of a pipe to hand to the process that
-// serves (the sandboxed daemon, or this one with --sandbox none), and the
-// /dev/null it detaches onto. When that process reports ready, the relay
-// tells the daemonizing parent and detaches this process too; if the pipe
-// closes without it, the parent sees its pipe close and reports a failure.
-func relayReady() (ready, null *os.File, err error) {
+// serves (the sandboxed daemon, or this one with --sandbox none), the
+// /dev/null it detaches onto, and a channel closed when the relay is done.
+// When that process reports ready, the relay tells the daemonizing parent
+// and detaches this process too; if the pipe closes without it, the parent
+// sees its pipe close and reports a failure.
+func relayReady() (ready, null *os.File, done <-chan struct{}, err error) {
 	parent := os.NewFile(childReadyFD, "ready")
 	r, w, err := os.Pipe()
 	if err != nil {
 		parent.Close()
-		return nil, nil, fmt.Errorf("daemonize: %w", err)
+		return nil, nil, nil, fmt.Errorf("daemonize: %w", err)
 	}
 	if null, err = os.OpenFile(os.DevNull, os.O_RDWR, 0); err != nil {
 		parent.Close()
 		r.Close()
 		w.Close()
-		return nil, nil, fmt.Errorf("daemonize: %w", err)
+		return nil, nil, nil, fmt.Errorf("daemonize: %w", err)
 	}
+	relayed := make(chan struct{})
 	go func() {
+		defer close(relayed)
 		defer parent.Close()
 		msg, _ := io.ReadAll(io.LimitReader(r, 16))
 		r.Close()
@@ -158,7 +161,7 @@ func relayReady() (ready, null *os.File, err error) {
 			detachStdio(nil)
 		}
 	}()
-	return w, null, nil
+	return w, null, relayed, nil
 }
 
 // reportReady ends the background daemon's start-up in the process that

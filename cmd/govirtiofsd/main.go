@@ -105,12 +105,15 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 		return err
 	}
 	// The first process opens everything outside the share; the stages of
-	// a sandboxed daemon (sandbox.Resumed) find it handed in.
-	first := !sandbox.Resumed()
+	// a sandboxed daemon (sandbox.Resumed) find it handed in. The first
+	// process of a sandboxed daemon, once the daemon has ended
+	// (sandbox.Reaped), only reports and removes what it created.
+	reaped := sandbox.Reaped()
+	first := !sandbox.Resumed() && !reaped
 	// The syslog connection is opened first: nothing later may assume
 	// /dev/log is reachable (it is not inside a sandbox).
 	var syslogConn *net.UnixConn
-	if o.Syslog && first {
+	if o.Syslog && (first || reaped) {
 		c, err := dialSyslog(syslogPath())
 		if err != nil {
 			// As syslog(3) does, lose nothing: fall back to stderr.
@@ -151,6 +154,9 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 	if err != nil {
 		return err
 	}
+	if reaped {
+		return reap(o, sbcfg)
+	}
 	sbcfg.Signals = sigs
 
 	// The first process creates the sockets and holds the pid lock; it
@@ -171,6 +177,7 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 				return fmt.Errorf("--socket-path: %w", err)
 			}
 		}
+		created := createdPaths(o, sandbox.WorkDir())
 		var ln *net.UnixListener
 		var lock *pidLock
 		if child {
@@ -192,17 +199,10 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 			defer ln.Close()
 			return daemonize(ln, lock)
 		}
-		cleanup = func() {
-			// The socket we created, then its pid file (the lock goes
-			// with the process), then a metrics socket.
-			if o.SocketPath != "" {
-				os.Remove(o.SocketPath)
-			}
-			lock.remove()
-			if p := metricsSocketPath(o.MetricsAddr); p != "" {
-				os.Remove(p)
-			}
+		if lock != nil {
+			sbcfg.Keep = append(sbcfg.Keep, lock.f) // held until the daemon is gone
 		}
+		cleanup = func() { removeCreated(created) }
 		defer cleanup()
 		// Checked (and raised) here, where the host's paths and
 		// CAP_SYS_RESOURCE are still at hand.
@@ -218,17 +218,22 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 		}
 		files = append(files, profile...)
 		if child {
-			ready, null, err := relayReady()
+			ready, null, relayed, err := relayReady()
 			if err != nil {
 				return err
 			}
 			files = append(files, sandbox.File{Name: fileReady, File: ready}, sandbox.File{Name: fileDevNull, File: null})
+			sbcfg.Hold = relayed // the supervisor relays until then
 		}
 	}
 
 	in, err := sandbox.Enter(sbcfg, files)
 	if err != nil {
-		return err // for the supervisor, *sandbox.Exit: the daemon is gone
+		// In the supervisor, only what went wrong before the daemon
+		// was started or the hand-over to its waiter (or *sandbox.Exit:
+		// stopped before it was started); the reaped stage, the same
+		// process, exits with the daemon's status (reap).
+		return err
 	}
 	if !first {
 		if c := handedSyslog(in); c != nil {
@@ -314,6 +319,53 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 		return fmt.Errorf("vhost-user: %w", err)
 	}
 	return nil
+}
+
+// reap is the last stage of a sandboxed daemon's first process, the
+// supervisor, after the daemon has ended: it reports how (sandbox.Enter
+// returns the *sandbox.Exit to exit with) and removes what the first
+// process created. It creates nothing: the pid file's lock is still held
+// (sandbox.Config.Keep), the socket still there.
+func reap(o *Options, cfg sandbox.Config) error {
+	_, err := sandbox.Enter(cfg, nil)
+	removeCreated(createdPaths(o, sandbox.WorkDir()))
+	return err
+}
+
+// createdPaths are the files the first process creates, in the order it
+// removes them once the daemon is gone: the socket, then its pid file
+// (while still holding its lock), then a metrics socket. Relative paths
+// resolve against dir, where the process was started (sandbox.WorkDir).
+func createdPaths(o *Options, dir string) []string {
+	var paths []string
+	if o.SocketPath != "" && o.FD < 0 {
+		sock := absPath(dir, o.SocketPath)
+		paths = append(paths, sock, sock+".pid")
+	}
+	if p := metricsSocketPath(o.MetricsAddr); p != "" {
+		paths = append(paths, absPath(dir, p))
+	}
+	return paths
+}
+
+func removeCreated(paths []string) {
+	for _, p := range paths {
+		os.Remove(p)
+	}
+}
+
+// absPath resolves p against dir ("": the working directory).
+func absPath(dir, p string) string {
+	if filepath.IsAbs(p) {
+		return p
+	}
+	if dir == "" {
+		if a, err := filepath.Abs(p); err == nil {
+			return a
+		}
+		return p
+	}
+	return filepath.Join(dir, p)
 }
 
 // exitSignals registers for the signals that end the daemon; from then on

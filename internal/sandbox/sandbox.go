@@ -9,15 +9,21 @@
 // sandbox and handed in by fd (DESIGN §5 and §8). It knows nothing of FUSE
 // or vhost-user beyond the system calls they make.
 //
-// A sandboxed daemon runs as up to four stages of the same binary, told
-// apart by the environment variable GOVIRTIOFSD_SANDBOX_STAGE:
+// A sandboxed daemon runs as two processes, each going through stages of
+// the same binary, told apart by the environment variable
+// GOVIRTIOFSD_SANDBOX_STAGE: the supervisor, wait and reaped stages in the
+// process as started, the userns, init and final stages in the daemon:
 //
 //	supervisor  the process as started: opens everything outside the
 //	            share (the vhost-user socket, ...), starts the next stage
 //	            in new mount, pid, net, ipc and uts namespaces (namespace)
-//	            or none (chroot), forwards SIGTERM/SIGINT/SIGHUP (until
-//	            the daemon ends: stopDaemon), removes what it created and
-//	            exits with the daemon's status
+//	            or none (chroot), then execs itself as the wait stage
+//	wait        the supervisor, in C before the Go runtime starts
+//	            (waiter.c): forwards SIGTERM/SIGINT/SIGHUP until the
+//	            daemon ends, then execs itself as the reaped stage
+//	reaped      the supervisor in Go again: reports how the daemon
+//	            ended, removes what the first process created and exits
+//	            with the daemon's status
 //	userns      unprivileged only: in a new user namespace, waits for the
 //	            supervisor to write the id maps, then execs itself to gain
 //	            its capabilities there
@@ -49,9 +55,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -105,6 +109,14 @@ type Config struct {
 	// anything the supervisor must remove; otherwise the supervisor
 	// registers them itself when it starts.
 	Signals <-chan os.Signal
+	// Keep are files the supervisor holds until the daemon has ended
+	// (the pid file's lock): they stay open through its wait and reaped
+	// stages. Every other file is closed when it leaves Go.
+	Keep []*os.File
+	// Hold, if not nil, is closed when the supervisor's Go code has done
+	// what it does besides waiting (--daemonize's relay of the daemon's
+	// readiness): it leaves Go only then, or at the first stop signal.
+	Hold <-chan struct{}
 }
 
 // File is a file opened outside the sandbox and handed in by fd.
@@ -114,8 +126,7 @@ type File struct {
 }
 
 const (
-	envStage = "GOVIRTIOFSD_SANDBOX_STAGE"
-	envFiles = "GOVIRTIOFSD_SANDBOX_FILES"
+	envFiles = "GOVIRTIOFSD_SANDBOX_FILES" // envStage: waiter.go
 
 	stageUserns = "userns"
 	stageInit   = "init"
@@ -129,7 +140,10 @@ const (
 // Resumed reports whether this process is a later stage of a sandboxed
 // daemon: it must open nothing outside the share (it cannot: the files
 // it needs are waiting in Inside.File).
-func Resumed() bool { return os.Getenv(envStage) != "" }
+func Resumed() bool {
+	stage := os.Getenv(envStage)
+	return stage != "" && stage != stageReaped
+}
 
 // Exit is returned by Enter in the supervisor once the sandboxed daemon has
 // exited: the caller exits with Code (what went wrong is already logged).
@@ -180,14 +194,17 @@ func (in *Inside) Lock(log *slog.Logger) error {
 
 // Enter confines the process as cfg says. In the supervisor it takes
 // ownership of files (it closes its copies once the next stage holds
-// them), runs the sandboxed daemon to its end and returns *Exit; in the
-// userns and init stages it execs the next stage and returns only errors;
-// in the final stage, and with --sandbox none, it returns the Inside the
-// daemon serves from.
+// them), starts the sandboxed daemon and hands the waiting for it over to
+// the wait stage: it returns only errors, or *Exit if a stop signal came
+// before the daemon was started. In the reaped stage (Reaped) it reports
+// how the daemon ended and returns *Exit; in the userns and init stages it
+// execs the next stage and returns only errors; in the final stage, and
+// with --sandbox none, it returns the Inside the daemon serves from.
 func Enter(cfg Config, files []File) (*Inside, error) {
 	switch stage := os.Getenv(envStage); stage {
 	case "":
 		if cfg.Mode == None {
+			runtime.UnlockOSThread() // no supervisor: the main thread is free (init in waiter.go)
 			in := &Inside{cfg: cfg, root: cfg.SharedDir, files: map[string]*os.File{}}
 			for _, f := range files {
 				in.files[f.Name] = f.File
@@ -203,6 +220,12 @@ func Enter(cfg Config, files []File) (*Inside, error) {
 			return nil, err
 		}
 		code, err := supervise(cfg, files)
+		if err != nil {
+			return nil, err
+		}
+		return nil, &Exit{Code: code}
+	case stageReaped:
+		code, err := reaped(cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -241,15 +264,17 @@ func closeFiles(files []File) {
 	}
 }
 
-// supervise starts the first confined stage with files and waits for the
-// daemon to exit, forwarding termination signals. It returns the daemon's
-// exit status, 128+n if it was killed by signal n, and 0 if it ended by a
-// termination signal (stopDaemon) or one came before it was started.
+// supervise starts the first confined stage with files and hands the
+// waiting for the daemon over to the wait stage (handOver). It returns 0
+// if a termination signal came before the daemon was started, and errors.
 func supervise(cfg Config, files []File) (int, error) {
 	// The child's parent-death signal fires when the thread that started
-	// it exits: keep this one until the child is gone.
+	// it exits: keep this one until the child is gone, and exec from it.
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
+	// Relative paths of the command line name files here: the reaped
+	// stage learns where (WorkDir).
+	dir := WorkDir()
 
 	userns := len(cfg.UIDMaps) > 0
 	stage := stageInit
@@ -316,82 +341,18 @@ func supervise(cfg Config, files []File) (int, error) {
 	}
 	cfg.Log.Debug("sandboxed daemon started", "pid", cmd.Process.Pid, "sandbox", cfg.Mode.String())
 
-	done := make(chan struct{})
-	var stopped atomic.Bool
-	go func() {
+	var first os.Signal
+	if cfg.Hold != nil {
 		select {
-		case s := <-sigs:
-			stopped.Store(true)
-			stopDaemon(cmd.Process, s, sigs, done, cfg.Log)
-		case <-done:
-		}
-	}()
-	err := cmd.Wait()
-	close(done)
-	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
-	if !ok {
-		return 0, fmt.Errorf("sandbox: waiting for the daemon: %w", err)
-	}
-	if stopped.Load() && (ws.Signaled() && ws.Signal() != syscall.SIGSYS || ws.Exited() && ws.ExitStatus() == goSignalExit) {
-		// Stopped as asked, though not by its own handler: killed by
-		// the signal passed on before it had one, or by stopDaemon's
-		// SIGKILL, or, as its PID namespace's init, ended by the Go
-		// runtime's answer to a signal that came before it registered.
-		cfg.Log.Debug("sandboxed daemon stopped", "pid", cmd.Process.Pid, "status", cmd.ProcessState.String())
-		return 0, nil
-	}
-	if ws.Signaled() {
-		sig := ws.Signal()
-		msg := "sandboxed daemon killed by signal " + unix.SignalName(sig)
-		if sig == syscall.SIGSYS {
-			msg += ": a system call outside the seccomp allowlist (find it with --seccomp log or trap)"
-		}
-		cfg.Log.Error(msg, "pid", cmd.Process.Pid)
-		return 128 + int(sig), nil
-	}
-	return ws.ExitStatus(), nil
-}
-
-// goSignalExit is the status a Go program exits with when a signal it has
-// not registered for would end it and cannot: the runtime's handler
-// re-raises the signal with the default action, which the kernel drops for
-// the init of a PID namespace, and then calls exit(2).
-const goSignalExit = 2
-
-// A stop signal passed on to the daemon is repeated every stopResend until
-// the daemon is gone, and after stopGrace the daemon is killed. Repeated,
-// because it can be lost: in the namespace sandbox the daemon is the init
-// of its PID namespace, and the kernel drops a signal sent to such a
-// process while it has no handler for it, as it has none between the
-// execs of its stages. Killed, because a daemon that does not exit when
-// told would keep its guest's requests and the socket's name. Variables
-// for tests.
-var (
-	stopResend = 20 * time.Millisecond
-	stopGrace  = 5 * time.Second
-)
-
-// stopDaemon passes sig on to the daemon p until done is closed (the
-// daemon was reaped), killing it after stopGrace. Further signals from
-// sigs change nothing.
-func stopDaemon(p *os.Process, sig os.Signal, sigs <-chan os.Signal, done <-chan struct{}, log *slog.Logger) {
-	p.Signal(sig)
-	resend := time.NewTicker(stopResend)
-	defer resend.Stop()
-	grace := time.NewTimer(stopGrace)
-	defer grace.Stop()
-	for {
-		select {
-		case <-done:
-			return
-		case <-sigs:
-		case <-resend.C:
-			p.Signal(sig)
-		case <-grace.C:
-			log.Warn("sandboxed daemon did not stop; killing it", "pid", p.Pid, "signal", sig.String(), "after", stopGrace)
-			p.Kill()
+		case <-cfg.Hold:
+		case first = <-sigs:
 		}
 	}
+	err := handOver(cfg, cmd.Process.Pid, sigs, first, dir)
+	// Still here: the daemon must not outlive its supervisor.
+	cmd.Process.Kill()
+	cmd.Wait()
+	return 0, err
 }
 
 // stageEnv returns env without the sandbox's own variables.

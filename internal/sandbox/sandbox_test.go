@@ -1,16 +1,10 @@
 package sandbox
 
 import (
-	"bufio"
-	"io"
-	"log/slog"
 	"os"
-	"os/exec"
 	"runtime"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	seccomp "github.com/seccomp/libseccomp-golang"
 )
@@ -151,52 +145,6 @@ func TestCheckPrivilege(t *testing.T) {
 		if err := tc.cfg.checkPrivilege(); (err != nil) != tc.fail {
 			t.Errorf("%+v: %v, want failure: %v", tc.cfg, err, tc.fail)
 		}
-	}
-}
-
-// TestStopDaemon: the stop signal is repeated until the process is gone,
-// and a process that ignores it is killed after the grace period.
-func TestStopDaemon(t *testing.T) {
-	defer func(r, g time.Duration) { stopResend, stopGrace = r, g }(stopResend, stopGrace)
-	stopResend, stopGrace = 5*time.Millisecond, 300*time.Millisecond
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	for _, tc := range []struct {
-		name   string
-		script string
-		want   string
-	}{
-		// Counts the signals it takes and exits at the third: only a
-		// repeated signal ends it.
-		{"repeated", `n=0; trap 'n=$((n+1)); [ $n -ge 3 ] && exit 7' TERM; echo ready; while :; do sleep 0.01; done`, "exit status 7"},
-		{"ignored", `trap '' TERM; echo ready; while :; do sleep 0.01; done`, "signal: killed"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cmd := exec.Command("/bin/sh", "-c", tc.script)
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			// The script says so once its trap is set: a signal before
-			// that would kill the shell and prove nothing.
-			if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
-				t.Fatalf("waiting for the trap: %v", err)
-			}
-			done := make(chan struct{})
-			stopped := make(chan struct{})
-			go func() {
-				stopDaemon(cmd.Process, syscall.SIGTERM, nil, done, log)
-				close(stopped)
-			}()
-			cmd.Wait()
-			close(done)
-			<-stopped
-			if got := cmd.ProcessState.String(); got != tc.want {
-				t.Errorf("%s, want %s", got, tc.want)
-			}
-		})
 	}
 }
 
