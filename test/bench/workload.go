@@ -236,15 +236,20 @@ func (a *allocator) table(segs []vmm.Segment) (vmm.Desc, error) {
 			ds[i].Next = uint16(i + 1)
 		}
 	}
-	n := uint64(len(ds)) * vmm.DescSize
-	gpa, _, err := a.buf(n, vmm.DescSize)
+	return a.writeTable(vmm.EncodeDescs(ds))
+}
+
+// writeTable places an encoded descriptor table in guest memory and
+// returns the indirect descriptor that points at it.
+func (a *allocator) writeTable(table []byte) (vmm.Desc, error) {
+	gpa, _, err := a.buf(uint64(len(table)), vmm.DescSize)
 	if err != nil {
 		return vmm.Desc{}, err
 	}
-	if err := a.mem.WriteAt(vmm.EncodeDescs(ds), gpa); err != nil {
+	if err := a.mem.WriteAt(table, gpa); err != nil {
 		return vmm.Desc{}, err
 	}
-	return vmm.Desc{Addr: gpa, Len: uint32(n), Flags: vmm.DescIndirect}, nil
+	return vmm.Desc{Addr: gpa, Len: uint32(len(table)), Flags: vmm.DescIndirect}, nil
 }
 
 // packedTable is table for a packed ring: consecutive packed descriptors,
@@ -257,15 +262,7 @@ func (a *allocator) packedTable(segs []vmm.Segment) (vmm.Desc, error) {
 			ds[i].Flags |= vmm.DescWrite
 		}
 	}
-	n := uint64(len(ds)) * vmm.DescSize
-	gpa, _, err := a.buf(n, vmm.DescSize)
-	if err != nil {
-		return vmm.Desc{}, err
-	}
-	if err := a.mem.WriteAt(vmm.EncodePackedDescs(ds), gpa); err != nil {
-		return vmm.Desc{}, err
-	}
-	return vmm.Desc{Addr: gpa, Len: uint32(n), Flags: vmm.DescIndirect}, nil
+	return a.writeTable(vmm.EncodePackedDescs(ds))
 }
 
 // ---- request slots ----
