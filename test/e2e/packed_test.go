@@ -1,0 +1,160 @@
+//go:build linux
+
+package e2e
+
+// Packed virtqueues (virtio 1.1+, VIRTIO_F_RING_PACKED, DESIGN.md §11):
+// QEMU 10's vhost-user-fs-pci takes packed=on and uses packed rings only if
+// the back end offers bit 34; otherwise it silently gives the guest split
+// rings. Every test here therefore checks, from the guest's own report
+// (guest-init.sh's E2E-VIRTIO lines: /sys/bus/virtio/devices/*/features),
+// that the virtio-fs device negotiated bit 34.
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+const (
+	// virtioIDFS is the virtio device id of virtio-fs (26), as
+	// /sys/bus/virtio/devices/*/device shows it.
+	virtioIDFS = "0x001a"
+	// virtioFRingPacked is VIRTIO_F_RING_PACKED.
+	virtioFRingPacked = 34
+)
+
+// packedVM is the base vmConfig of a packed-ring scenario: QEMU 10 with
+// packed=on on the vhost-user-fs-pci device.
+var packedVM = vmConfig{QEMU: qemu10, Packed: true}
+
+// reVirtio is guest-init.sh's report of one virtio device: its sysfs name,
+// device id and negotiated features ('0'/'1' per bit, bit 0 first).
+var reVirtio = regexp.MustCompile(`E2E-VIRTIO dev=(\S+) device=(\S+) features=([01]+)`)
+
+// virtioDevice is one E2E-VIRTIO line.
+type virtioDevice struct {
+	Boot     int // 1-based
+	Name     string
+	Device   string
+	Features string
+}
+
+// bit reports whether feature bit n was negotiated.
+func (d virtioDevice) bit(n int) bool { return n < len(d.Features) && d.Features[n] == '1' }
+
+// parseVirtio returns the E2E-VIRTIO lines of a console, numbered by boot.
+func parseVirtio(lines []string) []virtioDevice {
+	var out []virtioDevice
+	boot := 0
+	for _, l := range lines {
+		if reBoot.MatchString(l) {
+			boot++
+		}
+		if m := reVirtio.FindStringSubmatch(l); m != nil {
+			out = append(out, virtioDevice{Boot: boot, Name: m[1], Device: m[2], Features: m[3]})
+		}
+	}
+	return out
+}
+
+// fsDevices returns the virtio-fs devices of boot (1-based).
+func fsDevices(devs []virtioDevice, boot int) []virtioDevice {
+	var out []virtioDevice
+	for _, d := range devs {
+		if d.Boot == boot && d.Device == virtioIDFS {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// packedProblem says why the guest's console does not show `boots` boots
+// each with exactly one virtio-fs device that negotiated packed rings, or
+// returns "".
+func packedProblem(lines []string, boots int) string {
+	devs := parseVirtio(lines)
+	for b := 1; b <= boots; b++ {
+		fs := fsDevices(devs, b)
+		switch {
+		case len(fs) == 0:
+			return fmt.Sprintf("boot %d: the guest reported no virtio-fs device (no E2E-VIRTIO line with device=%s; an initramfs built before guest-init.sh reported features?)",
+				b, virtioIDFS)
+		case len(fs) > 1:
+			return fmt.Sprintf("boot %d: the guest reported %d virtio-fs devices, want 1", b, len(fs))
+		case !fs[0].bit(virtioFRingPacked):
+			return fmt.Sprintf("boot %d: asked for packed=on but the guest negotiated a SPLIT ring: bit %d (VIRTIO_F_RING_PACKED) is clear in %s's features %s "+
+				"(QEMU falls back to split rings silently when the back end does not offer bit %d)",
+				b, virtioFRingPacked, fs[0].Name, fs[0].Features, virtioFRingPacked)
+		}
+	}
+	return ""
+}
+
+// requirePacked fails the test unless each of the first `boots` boots on
+// the console negotiated packed rings for the virtio-fs device (bit 34 set
+// in the guest's /sys/bus/virtio/devices/*/features).
+func requirePacked(t *testing.T, lines []string, boots int) {
+	t.Helper()
+	if p := packedProblem(lines, boots); p != "" {
+		t.Fatalf("packed virtqueues: %s", p)
+	}
+	t.Logf("guest: virtio-fs negotiated packed virtqueues (bit %d set) on %d boot(s)", virtioFRingPacked, boots)
+}
+
+// ringLayout describes the virtio-fs ring layout of each boot on the
+// console, for logs: "packed rings", "split, then split rings", ...
+func ringLayout(lines []string) string {
+	devs := parseVirtio(lines)
+	var parts []string
+	for b := 1; ; b++ {
+		fs := fsDevices(devs, b)
+		if len(fs) == 0 {
+			break
+		}
+		parts = append(parts, ringName(fs[0].bit(virtioFRingPacked)))
+	}
+	if len(parts) == 0 {
+		return "ring layout not reported"
+	}
+	return strings.Join(parts, ", then ") + " rings"
+}
+
+func ringName(packed bool) string {
+	if packed {
+		return "packed"
+	}
+	return "split"
+}
+
+// TestParseVirtio checks the E2E-VIRTIO parser and the packed-ring verdict
+// (no root).
+func TestParseVirtio(t *testing.T) {
+	split := strings.Repeat("0", 32) + "1" + strings.Repeat("0", 31)    // bit 32 (VERSION_1) only
+	packed := strings.Repeat("0", 32) + "101" + strings.Repeat("0", 29) // bits 32 and 34
+	lines := []string{
+		"E2E-BOOT kernel=6.12.117+deb12-cloud-amd64 uptime=2.1",
+		"E2E-VIRTIO dev=virtio0 device=0x001a features=" + packed,
+		"E2E-STEP-BEGIN mount", "E2E-STEP mount rc=0",
+		"E2E-DONE action=reboot uptime=9.0",
+		"E2E-BOOT kernel=6.12.117+deb12-cloud-amd64 uptime=2.0",
+		"E2E-VIRTIO dev=virtio1 device=0x0001 features=" + packed, // not virtio-fs
+		"E2E-VIRTIO dev=virtio0 device=0x001a features=" + split,
+	}
+	devs := parseVirtio(lines)
+	if len(devs) != 3 || devs[0].Boot != 1 || devs[2].Boot != 2 || devs[2].Name != "virtio0" || !devs[0].bit(34) || devs[2].bit(34) || !devs[2].bit(32) {
+		t.Fatalf("parseVirtio: %+v", devs)
+	}
+	if p := packedProblem(lines, 1); p != "" {
+		t.Errorf("boot 1 is packed, got %q", p)
+	}
+	if p := packedProblem(lines, 2); !strings.Contains(p, "boot 2") || !strings.Contains(p, "SPLIT") {
+		t.Errorf("boot 2 is split, got %q", p)
+	}
+	if p := packedProblem(lines[:1], 1); !strings.Contains(p, "no virtio-fs device") {
+		t.Errorf("no report, got %q", p)
+	}
+	if got := ringLayout(lines); got != "packed, then split rings" {
+		t.Errorf("ringLayout: %q", got)
+	}
+}
