@@ -10,8 +10,10 @@ package e2e
 // that the virtio-fs device negotiated bit 34.
 
 import (
+	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -127,6 +129,85 @@ func ringName(packed bool) string {
 	return "split"
 }
 
+// qemuVirtioFS is what QEMU says of its vhost-user-fs device
+// (x-query-virtio-status): the transport features the guest acked, and
+// those the vhost device acked to the back end.
+type qemuVirtioFS struct {
+	Path            string
+	GuestTransports []string
+	VhostAcked      []string
+	Raw             string
+}
+
+// virtioFS asks QEMU (QMP x-query-virtio, then x-query-virtio-status) about
+// its vhost-user-fs device.
+func (v *vm) virtioFS() (qemuVirtioFS, error) {
+	v.t.Helper()
+	raw, err := v.qmpTry("x-query-virtio", nil)
+	if err != nil {
+		return qemuVirtioFS{}, err
+	}
+	var devs []struct {
+		Path string `json:"path"`
+		Name string `json:"name"`
+	}
+	if err := json.Unmarshal(raw, &devs); err != nil {
+		return qemuVirtioFS{}, fmt.Errorf("x-query-virtio: %v: %s", err, raw)
+	}
+	i := slices.IndexFunc(devs, func(d struct {
+		Path string `json:"path"`
+		Name string `json:"name"`
+	}) bool {
+		return d.Name == "vhost-user-fs"
+	})
+	if i < 0 {
+		return qemuVirtioFS{}, fmt.Errorf("x-query-virtio lists no vhost-user-fs device: %s", raw)
+	}
+	raw, err = v.qmpTry("x-query-virtio-status", map[string]any{"path": devs[i].Path})
+	if err != nil {
+		return qemuVirtioFS{}, err
+	}
+	type features struct {
+		Transports []string `json:"transports"`
+	}
+	var st struct {
+		Guest features `json:"guest-features"`
+		Vhost *struct {
+			Acked features `json:"acked-features"`
+		} `json:"vhost-dev"`
+	}
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return qemuVirtioFS{}, fmt.Errorf("x-query-virtio-status: %v: %s", err, raw)
+	}
+	q := qemuVirtioFS{Path: devs[i].Path, GuestTransports: st.Guest.Transports, Raw: string(raw)}
+	if st.Vhost != nil {
+		q.VhostAcked = st.Vhost.Acked.Transports
+	}
+	return q, nil
+}
+
+func hasFeature(names []string, name string) bool {
+	return slices.ContainsFunc(names, func(s string) bool { return strings.HasPrefix(s, name+":") || s == name })
+}
+
+// requireQEMUPacked fails the test unless QEMU runs its vhost-user-fs
+// device on packed rings: VIRTIO_F_RING_PACKED among the features the guest
+// acked and among those the vhost device acked to the back end. After a
+// migration the guest does not negotiate again: this is how the
+// destination is checked.
+func requireQEMUPacked(t *testing.T, v *vm) {
+	t.Helper()
+	q, err := v.virtioFS()
+	if err != nil {
+		t.Fatalf("%s: %v", v.label(), err)
+	}
+	const name = "VIRTIO_F_RING_PACKED"
+	if !hasFeature(q.GuestTransports, name) || !hasFeature(q.VhostAcked, name) {
+		t.Fatalf("%s: %s not in the features of %s: guest %v, acked to the back end %v", v.label(), name, q.Path, q.GuestTransports, q.VhostAcked)
+	}
+	t.Logf("%s: %s runs on packed rings (%s acked by the guest and to the back end)", v.label(), q.Path, name)
+}
+
 // TestParseVirtio checks the E2E-VIRTIO parser and the packed-ring verdict
 // (no root).
 func TestParseVirtio(t *testing.T) {
@@ -156,5 +237,36 @@ func TestParseVirtio(t *testing.T) {
 	}
 	if got := ringLayout(lines); got != "packed, then split rings" {
 		t.Errorf("ringLayout: %q", got)
+	}
+}
+
+// TestRingStopPacked checks the packed GET_VRING_BASE check of checkRings
+// (no root).
+func TestRingStopPacked(t *testing.T) {
+	for _, c := range []struct {
+		base, n int
+		ok      bool
+	}{
+		{0x8000, 0, true}, // reset state: index 0, wrap 1
+		{0x8000 | 5, 5, true},
+		{1023 | 0x8000, 1023, true},
+		{0, 1024, true}, // wrapped once: index 0, wrap 0
+		{3, 1027, true},
+		{0x8000 | 3, 2051, true}, // wrapped twice
+		{3, 3, false},            // wrap counter wrong
+		{0x8000 | 4, 3, false},
+		{0x12348000 | 7, 7, true}, // used side in bits 16-31 is not judged
+	} {
+		if got := ringStopPacked(c.base, c.n, 1024) == ""; got != c.ok {
+			t.Errorf("ringStopPacked(%#x, %d) ok=%v, want %v", c.base, c.n, got, c.ok)
+		}
+	}
+}
+
+// TestHasFeature: QEMU's feature names carry a description after a colon.
+func TestHasFeature(t *testing.T) {
+	if !hasFeature([]string{"VIRTIO_F_RING_PACKED: Device supports packed VQ layout"}, "VIRTIO_F_RING_PACKED") ||
+		hasFeature([]string{"VIRTIO_F_RING_PACKED_X: x"}, "VIRTIO_F_RING_PACKED") {
+		t.Error("hasFeature")
 	}
 }
