@@ -242,7 +242,7 @@ func checkRings(t *testing.T, d *daemon, queues int, packed bool) {
 			if msg := ringStopPacked(base, n, ringQueueSize); msg != "" {
 				t.Errorf("queue=%d (packed): %s", q, msg)
 			} else {
-				t.Logf("queue=%d (packed): ring stopped at base %#x: avail index %d, wrap %d after %d requests", q, base, base&0x7fff, base>>15&1, n)
+				t.Logf("queue=%d (packed): ring stopped at base %#x: avail and used index %d, wrap %d, after %d requests", q, base, base&0x7fff, base>>15&1, n)
 			}
 		case n < 1<<16 && n != base:
 			t.Errorf("queue=%d: ring stopped at avail index %d but the daemon logged %d requests on it", q, base, n)
@@ -255,17 +255,24 @@ const ringQueueSize = 1024
 
 // ringStopPacked checks a packed ring's base as GET_VRING_BASE reports it
 // (DESIGN.md §11: bits 0-14 the next avail index, bit 15 the driver's wrap
-// counter, which starts at 1; bits 16-31, the used side, if logged, are not
-// judged) after n requests. Linux puts every request of more than one
+// counter, which starts at 1; bits 16-30 the used index, bit 31 the used
+// wrap counter) after n requests. Linux puts every request of more than one
 // buffer in an indirect table (one slot; the device offers
 // INDIRECT_DESC), and a FORGET on the hiprio ring is one buffer: every
-// request took one slot. It returns what is wrong, or "".
+// request took one slot. The ring stops only once every chain it popped
+// is completed, so the used side must equal the avail side. It returns
+// what is wrong, or "".
 func ringStopPacked(base, n, size int) string {
 	avail, wrap := base&0x7fff, base>>15&1
+	used, usedWrap := base>>16&0x7fff, base>>31&1
 	wantAvail, wantWrap := n%size, 1^(n/size)&1
-	if avail != wantAvail || wrap != wantWrap {
+	switch {
+	case avail != wantAvail || wrap != wantWrap:
 		return fmt.Sprintf("ring stopped at base %#x (avail index %d, wrap %d) but the daemon logged %d requests on it: want avail index %d, wrap %d (one slot a request, queue size %d)",
 			base, avail, wrap, n, wantAvail, wantWrap, size)
+	case used != avail || usedWrap != wrap:
+		return fmt.Sprintf("ring stopped at base %#x with used index %d, wrap %d behind avail index %d, wrap %d: a popped chain was not completed",
+			base, used, usedWrap, avail, wrap)
 	}
 	return ""
 }

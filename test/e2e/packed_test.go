@@ -357,15 +357,16 @@ func TestRingStopPacked(t *testing.T) {
 		base, n int
 		ok      bool
 	}{
-		{0x8000, 0, true}, // reset state: index 0, wrap 1
-		{0x8000 | 5, 5, true},
-		{1023 | 0x8000, 1023, true},
+		{0x80008000, 0, true}, // reset state: both indices 0, both wraps 1
+		{0x80058005, 5, true},
+		{0x83ff83ff, 1023, true},
 		{0, 1024, true}, // wrapped once: index 0, wrap 0
-		{3, 1027, true},
-		{0x8000 | 3, 2051, true}, // wrapped twice
-		{3, 3, false},            // wrap counter wrong
-		{0x8000 | 4, 3, false},
-		{0x12348000 | 7, 7, true}, // used side in bits 16-31 is not judged
+		{0x00030003, 1027, true},
+		{0x80038003, 2051, true}, // wrapped twice
+		{0x00030003, 3, false},   // wrap counters wrong
+		{0x80048004, 3, false},
+		{0x80048005, 5, false}, // a chain popped but not completed
+		{0x00058005, 5, false}, // used wrap counter wrong
 	} {
 		if got := ringStopPacked(c.base, c.n, 1024) == ""; got != c.ok {
 			t.Errorf("ringStopPacked(%#x, %d) ok=%v, want %v", c.base, c.n, got, c.ok)
