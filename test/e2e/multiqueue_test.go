@@ -119,8 +119,8 @@ func runMultiqueueFio(t *testing.T, k guestKernel, ph mqPhase) {
 	v.waitExit()
 	e.daemonExit(v, true)
 	g := parseConsole(v.consoleLines())
-	t.Logf("%s, %s, %d request queue(s), %s rings, fio numjobs=%d, daemon --log-level %s: QEMU ran %.1fs (E2E-BOOT at %v, mounted at %v)",
-		k.Version, cfg.QEMU, queues, ringName(ph.packed), jobs, ph.logLevel, v.exitTime.Sub(v.started).Seconds(), v.markerTimes(reBoot), v.markerTimes(reMounted))
+	t.Logf("%s, %s, %d request queue(s), packed=%s, fio numjobs=%d, daemon --log-level %s: QEMU ran %.1fs (E2E-BOOT at %v, mounted at %v)",
+		k.Version, cfg.QEMU, queues, onOff(ph.packed), jobs, ph.logLevel, v.exitTime.Sub(v.started).Seconds(), v.markerTimes(reBoot), v.markerTimes(reMounted))
 	if ph.packed {
 		requirePacked(t, v.consoleLines(), 1)
 	}
@@ -150,8 +150,8 @@ func runMultiqueueFio(t *testing.T, k guestKernel, ph mqPhase) {
 		}
 	}
 	steps := v.stepDurations()
-	t.Logf("fio from %s, %d request queue(s), %s rings, numjobs=%d, libaio iodepth 4 per job, O_DIRECT, cache=none, verify=crc32c, daemon --log-level %s (group_reporting):",
-		k.Version, queues, ringName(ph.packed), jobs, ph.logLevel)
+	t.Logf("fio from %s, %d request queue(s), %s, numjobs=%d, libaio iodepth 4 per job, O_DIRECT, cache=none, verify=crc32c, daemon --log-level %s (group_reporting):",
+		k.Version, queues, ringLayout(v.consoleLines()), jobs, ph.logLevel)
 	for _, j := range []struct {
 		name string
 		size int64

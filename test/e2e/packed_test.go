@@ -123,6 +123,13 @@ func ringLayout(lines []string) string {
 	return strings.Join(parts, ", then ") + " rings"
 }
 
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
 func ringName(packed bool) string {
 	if packed {
 		return "packed"
@@ -216,7 +223,7 @@ var (
 	// packedBoot is make test's packed-ring boot: 4 jobs (many requests
 	// in flight, completed out of order) on one request queue, small
 	// files, --log-level debug so the ring accounting is checked.
-	packedBoot = mqPhase{name: "boot", logLevel: "debug", seqSize: 4 << 20, randSize: 1 << 20, countRing: true,
+	packedBoot = mqPhase{name: "boot", logLevel: "debug", seqSize: 8 << 20, randSize: 2 << 20, countRing: true,
 		queues: 1, jobs: 4, packed: true}
 	// packedFull: e2e-full's fio on packed rings (1 and 4 jobs, info
 	// level as in production) and 2 request queues (debug: requests must
