@@ -44,6 +44,7 @@ DEB_PKGS := build-essential libseccomp-dev uidmap qemu-system-x86 qemu-system-co
 # Fuzz targets: package:Target.
 FUZZ_TARGETS := \
 	./internal/virtqueue:FuzzChainWalk \
+	./internal/virtqueue:FuzzPackedChainWalk \
 	./internal/bufvec:FuzzCursor \
 	./internal/vhostuser:FuzzMessages \
 	./internal/fuse:FuzzServe \

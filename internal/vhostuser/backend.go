@@ -22,6 +22,7 @@ const (
 	featEventIdx         = 1 << 29
 	featProtocolFeatures = 1 << 30 // VHOST_USER_F_PROTOCOL_FEATURES
 	featVersion1         = 1 << 32
+	featRingPacked       = 1 << 34 // VIRTIO_F_RING_PACKED
 	featRingReset        = 1 << 40 // never offered: QEMU 7.2 mishandles it
 )
 
@@ -144,7 +145,8 @@ func NewBackend(cfg Config) (*Backend, error) {
 	if cfg.Metrics {
 		b.stats = new([MaxRings]ringStats)
 	}
-	b.offered = featVersion1 | featIndirectDesc | featEventIdx | featProtocolFeatures | featLogAll
+	// Both ring layouts: the front end (QEMU's packed=on) decides.
+	b.offered = featVersion1 | featIndirectDesc | featEventIdx | featRingPacked | featProtocolFeatures | featLogAll
 	b.protoOffered = protoMQ | protoLogShmFD | protoReplyAck | protoBackendReq | protoBackendSendFD |
 		protoResetDevice | protoConfigureMemSlots | protoStatus
 	if cfg.Tag != "" {
@@ -420,8 +422,11 @@ func (b *Backend) setVringNum(m *Message) error {
 	if r.started() {
 		return fmt.Errorf("ring %d is running", s.index)
 	}
-	if s.num == 0 || s.num > virtqueue.MaxSize || s.num&(s.num-1) != 0 {
-		return fmt.Errorf("ring %d size %d is not a power of two in 1..%d", s.index, s.num, virtqueue.MaxSize)
+	if s.num == 0 || s.num > virtqueue.MaxSize {
+		return fmt.Errorf("ring %d size %d not in 1..%d", s.index, s.num, virtqueue.MaxSize)
+	}
+	if s.num&(s.num-1) != 0 && b.acked&featRingPacked == 0 {
+		return fmt.Errorf("ring %d size %d is not a power of two (split ring)", s.index, s.num)
 	}
 	r.num = uint16(s.num)
 	return nil
@@ -439,10 +444,12 @@ func (b *Backend) setVringBase(m *Message) error {
 	if r.started() {
 		return fmt.Errorf("ring %d is running", s.index)
 	}
-	if s.num > 0xffff {
-		return fmt.Errorf("ring %d base %d beyond 16 bits", s.index, s.num)
+	// A packed ring's base is 32 bits (both indices and wrap counters),
+	// checked against the ring's size when it starts.
+	if s.num > 0xffff && b.acked&featRingPacked == 0 {
+		return fmt.Errorf("ring %d base %d beyond 16 bits (split ring)", s.index, s.num)
 	}
-	r.base = uint16(s.num)
+	r.base, r.baseSet = s.num, true
 	return nil
 }
 
@@ -569,7 +576,7 @@ func (b *Backend) getVringBase(m *Message) ([]byte, error) {
 		return reply, err
 	}
 	base := r.stop()
-	binary.LittleEndian.PutUint32(reply[4:], uint32(base))
+	binary.LittleEndian.PutUint32(reply[4:], base)
 	b.log.Debug("ring stopped", "queue", r.index, "base", base)
 	return reply, nil
 }

@@ -48,8 +48,9 @@
 //
 // Stopping. GET_VRING_BASE (and reset, disconnect) sets the ring
 // stopping, interrupts the watcher, wakes the parked servers and waits for
-// every server to finish the request it holds and exit: the ring's avail
-// index is then exact. Before it waits it cancels any FS_IO bounce, whose
+// every server to finish the request it holds and exit: the ring's base
+// (split: its avail index; packed: both indices and wrap counters) is then
+// exact. Before it waits it cancels any FS_IO bounce, whose
 // VMM answers only after the message that stops the ring is answered.
 // Memory and call fd changes need no stop: chains are translated with a
 // referenced table (the newest at each look at the ring), and the Queue

@@ -12,8 +12,7 @@ import (
 // chain; with metrics off a runner has none and pays one nil check.
 type ringStats struct {
 	active    atomic.Bool   // started and enabled: a goroutine serves it
-	seen      atomic.Uint32 // avail index at the last snapshot
-	taken     atomic.Uint32 // avail index of the next chain to pop
+	depth     atomic.Uint32 // chains waiting at the last snapshot, less those popped since
 	popped    atomic.Uint64
 	completed atomic.Uint64 // pushed to the used ring
 }
@@ -51,7 +50,7 @@ func (b *Backend) WriteMetrics(w io.Writer) error {
 			r.inflight = pop - complete
 		}
 		if r.active {
-			r.depth = uint64(uint16(st.seen.Load() - st.taken.Load()))
+			r.depth = uint64(st.depth.Load())
 		}
 		rows = append(rows, r)
 	}

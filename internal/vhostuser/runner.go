@@ -54,7 +54,7 @@ type runner struct {
 	done     chan struct{} // closed when the last server has exited
 
 	// mu guards the Queue's consumer side (Snapshot, PopSeen,
-	// EnableNotify, SeenAvail, LastAvail) and the fields below.
+	// EnableNotify, Seen, Waiting) and the fields below.
 	mu       sync.Mutex
 	servers  []*server
 	parked   []*server // never started, or parked; most recently parked last
@@ -216,7 +216,7 @@ func (s *server) run() {
 		// During a migration the reply's pages are logged before the
 		// used index publishes it.
 		rn.q.LogWritten(sl.chain, written)
-		rn.q.Push(sl.chain.Head, written)
+		rn.q.Push(sl.chain.Token, written)
 		s.unsignalled++
 		rn.completed()
 		sl.chain.Release()
@@ -234,7 +234,7 @@ func (s *server) next() bool {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
 	for {
-		if s.unsignalled > 0 && s.unsignalled >= q.Waiting() {
+		if s.unsignalled > 0 && q.Waiting(s.unsignalled+1) <= s.unsignalled {
 			s.signal()
 		}
 		if rn.stopping.Load() {
@@ -253,7 +253,7 @@ func (s *server) next() bool {
 			}
 			// A second server for a write to the file the last one
 			// wrote would only wait for the file's lock.
-			if heavy && q.SeenAvail() != q.LastAvail() && (node == 0 || node != rn.lastWrite) {
+			if heavy && q.Waiting(1) > 0 && (node == 0 || node != rn.lastWrite) {
 				rn.spreadLocked()
 			}
 			if node != 0 {
@@ -380,7 +380,7 @@ const (
 // holds a reference on.
 func (rn *runner) popLocked(s *server) popState {
 	q := rn.q
-	if q.SeenAvail() == q.LastAvail() {
+	if !q.Seen() {
 		// Read avail.idx before choosing the memory table: the chains
 		// seen are translated with a table at least as new as the front
 		// end's last acknowledged memory change.
@@ -390,7 +390,7 @@ func (rn *runner) popLocked(s *server) popState {
 			return popEnded
 		}
 		if rn.stats != nil {
-			rn.stats.seen.Store(uint32(q.SeenAvail()))
+			rn.stats.depth.Store(uint32(q.Waiting(int(q.Size()))))
 		}
 		if !pending {
 			return popEmpty
@@ -419,7 +419,9 @@ func (rn *runner) popLocked(s *server) popState {
 	}
 	if rn.stats != nil {
 		rn.stats.popped.Add(1)
-		rn.stats.taken.Store(uint32(q.LastAvail()))
+		if d := rn.stats.depth.Load(); d > 0 {
+			rn.stats.depth.Store(d - 1) // one writer: under mu
+		}
 	}
 	switch {
 	case err == nil:
@@ -430,7 +432,7 @@ func (rn *runner) popLocked(s *server) popState {
 		return popped
 	case errors.Is(err, virtqueue.ErrBadChain):
 		rn.bad(err)
-		q.Push(c.Head, 0)
+		q.Push(c.Token, 0)
 		s.unsignalled++
 	default: // ErrBadHead: nothing to return
 		rn.bad(err)

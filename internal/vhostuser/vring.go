@@ -24,7 +24,8 @@ type vring struct {
 	num     uint16
 	addr    vringAddr
 	hasAddr bool
-	base    uint16
+	base    uint32 // SET_VRING_BASE's value (virtqueue.Config.Base)
+	baseSet bool   // base was given (or kept by a stop) since the last reset
 	enabled bool
 
 	kickFD int // -1: none received yet
@@ -61,12 +62,19 @@ func (r *vring) start() error {
 		return errors.New("no memory table")
 	}
 	defer mem.Put()
+	packed := r.b.acked&featRingPacked != 0
+	if packed && !r.baseSet {
+		// A front end that sends no base starts where the spec starts
+		// a packed ring: indices 0, both wrap counters 1.
+		r.base = 1<<15 | 1<<31
+	}
 	q, err := virtqueue.New(virtqueue.Config{
 		Size:      r.num,
 		DescAddr:  r.addr.desc,
 		AvailAddr: r.addr.avail,
 		UsedAddr:  r.addr.used,
-		AvailBase: r.base,
+		Packed:    packed,
+		Base:      r.base,
 		EventIdx:  r.b.acked&featEventIdx != 0,
 		Indirect:  r.b.acked&featIndirectDesc != 0,
 		// Buffers outside guest memory (a DAX window) can be bounced
@@ -85,7 +93,7 @@ func (r *vring) start() error {
 	if len(r.slots) > 0 && r.slots[0].chain.Cap() != int(r.num) {
 		r.slots = nil // a new queue size: each server makes its slot again
 	}
-	r.b.log.Debug("ring started", "queue", r.index, "size", r.num, "base", r.base,
+	r.b.log.Debug("ring started", "queue", r.index, "size", r.num, "base", r.base, "packed", q.Packed(),
 		"event_idx", r.b.acked&featEventIdx != 0, "indirect", r.b.acked&featIndirectDesc != 0)
 	return nil
 }
@@ -110,10 +118,10 @@ func (r *vring) pause() {
 
 // stop pauses the ring, records where it stopped and releases its Queue: the
 // GET_VRING_BASE semantics.
-func (r *vring) stop() uint16 {
+func (r *vring) stop() uint32 {
 	r.pause()
 	if r.queue != nil {
-		r.base = r.queue.LastAvail()
+		r.base, r.baseSet = r.queue.Base(), true
 		r.queue.Close()
 		r.queue = nil
 	}
@@ -149,6 +157,6 @@ func (r *vring) reset() {
 	r.stop()
 	r.setCall(-1)
 	r.setErr(-1)
-	r.num, r.base, r.enabled, r.hasAddr = 0, 0, false, false
+	r.num, r.base, r.baseSet, r.enabled, r.hasAddr = 0, 0, false, false, false
 	r.addr = vringAddr{}
 }

@@ -11,14 +11,16 @@ import (
 // straddle region boundaries, beyond one segment per descriptor.
 const regionSplits = 64
 
-// DescChain is one popped request: its head index and its device-readable
-// and device-writable buffers as guest memory segments. A DescChain is
-// allocated once per queue consumer and reused for every chain.
+// DescChain is one popped request: the Token to push it back with and its
+// device-readable and device-writable buffers as guest memory segments. A
+// DescChain is allocated once per queue consumer and reused for every
+// chain.
 type DescChain struct {
-	Head     uint16
+	Token    Token
 	Readable *bufvec.Vec
 	Writable *bufvec.Vec
 
+	id   uint16 // split: head index; packed: buffer id
 	size uint16 // ring size the chain was built for
 	// allowUnmapped keeps buffers outside guest memory as unmapped
 	// segments instead of refusing the chain (the bounce path is usable).
@@ -47,8 +49,12 @@ func (c *DescChain) Cap() int { return int(c.size) }
 // Memory returns the table the chain's segments point into.
 func (c *DescChain) Memory() *GuestMemory { return c.mem }
 
-func (c *DescChain) reset(head uint16, mem *GuestMemory) {
-	c.Head = head
+// ID returns the chain's head index (split) or buffer id (packed), for
+// logs and tests.
+func (c *DescChain) ID() uint16 { return c.id }
+
+func (c *DescChain) reset(mem *GuestMemory) {
+	c.Token, c.id = 0, 0
 	c.mem = mem
 	c.Readable.Reset()
 	c.Writable.Reset()

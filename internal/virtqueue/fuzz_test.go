@@ -154,7 +154,7 @@ func FuzzChainWalk(f *testing.F) {
 			if pops > int(delta) {
 				t.Fatalf("Pop returned %d chains, only %d published", pops, delta)
 			}
-			before := q.LastAvail()
+			before := lastAvail(q)
 			ok, err := q.Pop(c, g.mem)
 			if !ok {
 				if err != nil && !errors.Is(err, ErrBroken) {
@@ -164,27 +164,27 @@ func FuzzChainWalk(f *testing.F) {
 				if errors.Is(err, ErrBroken) != wantBroken || q.Broken() != wantBroken {
 					t.Fatalf("Pop: %v with avail idx %d ahead of a ring of %d", err, delta, size)
 				}
-				if err == nil && q.LastAvail() != base+delta {
-					t.Fatalf("empty at %d, avail idx %d", q.LastAvail(), base+delta)
+				if err == nil && lastAvail(q) != base+delta {
+					t.Fatalf("empty at %d, avail idx %d", lastAvail(q), base+delta)
 				}
 				break
 			}
-			if q.LastAvail() != before+1 {
-				t.Fatalf("Pop moved LastAvail from %d to %d", before, q.LastAvail())
+			if lastAvail(q) != before+1 {
+				t.Fatalf("Pop moved LastAvail from %d to %d", before, lastAvail(q))
 			}
-			if r.eventIdx && r.availEvent() != q.LastAvail() {
-				t.Fatalf("avail_event %d, LastAvail %d", r.availEvent(), q.LastAvail())
+			if r.eventIdx && r.availEvent() != lastAvail(q) {
+				t.Fatalf("avail_event %d, LastAvail %d", r.availEvent(), lastAvail(q))
 			}
 			switch {
 			case err == nil, errors.Is(err, ErrBadChain):
-				if int(c.Head) >= Q {
-					t.Fatalf("head %d of a ring of %d accepted (%v)", c.Head, Q, err)
+				if int(c.ID()) >= Q {
+					t.Fatalf("head %d of a ring of %d accepted (%v)", c.ID(), Q, err)
 				}
-				q.Push(c.Head, 0)
+				q.Push(c.Token, 0)
 				pushed++
 			case errors.Is(err, ErrBadHead):
-				if int(c.Head) < Q {
-					t.Fatalf("head %d reported out of range", c.Head)
+				if int(c.ID()) < Q {
+					t.Fatalf("head %d reported out of range", c.ID())
 				}
 			default:
 				t.Fatalf("Pop: unexpected error %v", err)

@@ -201,7 +201,7 @@ func (r *ring) config() Config {
 		DescAddr:  r.g.uva(r.desc),
 		AvailAddr: r.g.uva(r.avail),
 		UsedAddr:  r.g.uva(r.used),
-		AvailBase: r.availIdx,
+		Base:      uint32(r.availIdx),
 		EventIdx:  r.eventIdx,
 		Indirect:  r.indirect,
 	}
@@ -267,3 +267,6 @@ func (r *ring) availEvent() uint16 {
 func (r *ring) setAvailEvent(v uint16) {
 	binary.LittleEndian.PutUint16(r.g.host(r.used+4+8*uint64(r.size), 2), v)
 }
+
+// lastAvail is a split ring's next avail index, from its base.
+func lastAvail(q *Queue) uint16 { return uint16(q.Base()) }

@@ -201,23 +201,30 @@ func (g *GuestMemory) Gap(gpa, n uint64) uint64 {
 // UserSlice translates a front-end virtual address range, as used for ring
 // addresses, into host bytes; the range must lie in one region.
 func (g *GuestMemory) UserSlice(uva, n uint64) ([]byte, bool) {
+	b, _, ok := g.userRange(uva, n)
+	return b, ok
+}
+
+// userRange is UserSlice that also returns the range's guest-physical
+// address (a packed ring's used descriptors are logged by it).
+func (g *GuestMemory) userRange(uva, n uint64) ([]byte, uint64, bool) {
 	bu := g.byUser
 	i := sort.Search(len(bu), func(i int) bool {
 		r := &g.regions[bu[i]]
 		return r.UserAddr+r.Size > uva
 	})
 	if i == len(bu) {
-		return nil, false
+		return nil, 0, false
 	}
 	r := &g.regions[bu[i]]
 	if r.UserAddr > uva {
-		return nil, false
+		return nil, 0, false
 	}
 	off := uva - r.UserAddr
 	if n > r.Size-off {
-		return nil, false
+		return nil, 0, false
 	}
-	return r.host[off : off+n : off+n], true
+	return r.host[off : off+n : off+n], r.GuestPhysAddr + off, true
 }
 
 // MemoryMap holds the current GuestMemory. The front end's thread replaces

@@ -1,22 +1,31 @@
-// Package virtqueue implements the device side of a virtio split ring in
-// guest memory shared with the daemon: it pops available descriptor chains,
-// walks and validates every descriptor (direct and indirect) into a
-// DescChain of guest memory segments, pushes used entries and decides, with
-// EVENT_IDX, when the guest must be notified.
+// Package virtqueue implements the device side of a virtio ring in guest
+// memory shared with the daemon, split or packed: it pops available
+// descriptor chains, walks and validates every descriptor (direct and
+// indirect) into a DescChain of guest memory segments, returns used buffers
+// and decides, with EVENT_IDX or the plain suppression flags, when the guest
+// must be notified.
+//
+// The two layouts differ only inside this package. A Queue answers what any
+// layout can answer: whether chains wait and how many, an opaque Token to
+// return a chain with, and a 32-bit ring base for GET_VRING_BASE (the split
+// ring's next avail index; the packed ring's next avail and used indices
+// with both wrap counters). split.go and packed.go hold the arithmetic of
+// each; the methods in this file choose between them.
 //
 // Everything a ring holds is written by an untrusted guest, concurrently
 // with the daemon reading it. Each guest value is read once into a local and
-// checked before use; a malformed chain is reported to the caller as an
-// error (the ring keeps serving later chains), and only an avail index that
-// moves further than the ring size, which leaves no way to know which
-// entries are valid, marks the ring broken.
+// checked before use. A malformed chain whose extent is known is reported
+// to the caller as ErrBadChain, to be returned with used length 0, and the
+// ring keeps serving later chains; only a ring that leaves no way to know
+// which entries are valid (a split avail index moving further than the ring
+// size; a packed chain longer than the ring or running into slots the
+// driver has not made available) is marked broken until it is set up again.
 //
 // GuestMemory, the table of mapped memory regions, lives here too because
 // chain walking needs it; the vhost-user layer creates and replaces tables.
 package virtqueue
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -26,10 +35,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// MaxSize is the largest ring the daemon accepts (the split ring limit).
+// MaxSize is the largest ring the daemon accepts (both layouts' limit).
 const MaxSize = 32768
 
-// Descriptor flags.
+// Descriptor flags, the same bits in both layouts.
 const (
 	descNext     = 1
 	descWrite    = 2
@@ -38,18 +47,13 @@ const (
 
 const descSize = 16
 
-// Ring flags.
-const (
-	availNoInterrupt = 1
-)
-
 // Errors returned by Pop. ErrBadChain and ErrBadHead leave the ring usable.
 var (
-	// ErrBadChain: the chain at Head is malformed; the caller returns it to
-	// the guest with used length 0.
+	// ErrBadChain: the chain is malformed; the caller returns it to the
+	// guest (its DescChain.Token) with used length 0.
 	ErrBadChain = errors.New("malformed descriptor chain")
-	// ErrBadHead: the avail entry names no descriptor; it is skipped and
-	// cannot be returned to the guest.
+	// ErrBadHead: a split avail entry names no descriptor; it is skipped
+	// and cannot be returned to the guest.
 	ErrBadHead = errors.New("avail entry out of range")
 	// ErrBroken: the ring is unusable until it is set up again.
 	ErrBroken = errors.New("ring broken")
@@ -57,62 +61,88 @@ var (
 
 // Config is what the front end told us about a ring.
 type Config struct {
-	Size      uint16 // number of entries, a power of two
-	DescAddr  uint64 // front-end virtual addresses (translated with UserSlice)
+	// Size is the number of entries: a power of two for a split ring,
+	// any of 1..MaxSize for a packed one.
+	Size uint16
+	// Packed selects the packed layout (VIRTIO_F_RING_PACKED). Its three
+	// addresses are then the descriptor ring, the driver event area and
+	// the device event area.
+	Packed bool
+	// Front-end virtual addresses (translated with UserSlice).
+	DescAddr  uint64
 	AvailAddr uint64
 	UsedAddr  uint64
-	// AvailBase is the index of the first avail entry to process
-	// (SET_VRING_BASE).
-	AvailBase uint16
-	EventIdx  bool
-	Indirect  bool
+	// Base is SET_VRING_BASE's value: the split ring's next avail index
+	// (16 bits); for a packed ring bits 0-14 the next avail index, bit 15
+	// its wrap counter, bits 16-30 the next used index, bit 31 its wrap
+	// counter.
+	Base     uint32
+	EventIdx bool
+	Indirect bool
 	// AllowUnmapped accepts buffers outside guest memory as unmapped
 	// segments, for the FS_IO bounce through the VMM.
 	AllowUnmapped bool
 	// Log is the back end's dirty-page log (nil: never logs). While it
-	// is active, the ring's writes into the used ring are logged when
-	// LogUsed is set, at UsedLogAddr (the used ring's guest-physical
-	// address, SET_VRING_ADDR's log_guest_addr) plus their offset.
+	// is active, the ring's own writes are logged when LogUsed is set:
+	// the split used ring, or the packed device event area, at
+	// UsedLogAddr (SET_VRING_ADDR's log_guest_addr) plus their offset;
+	// packed used descriptors at the descriptor ring's guest address.
 	Log         *DirtyLog
 	LogUsed     bool
 	UsedLogAddr uint64
 }
 
-// Queue is one split ring. Pop is for a single consumer goroutine; Push and
+// Token names a popped chain to Push: a split ring's head index, or a
+// packed ring's buffer id and the slots its chain took. Callers only pass
+// it back.
+type Token uint64
+
+// Queue is one ring. Pop is for a single consumer goroutine; Push and
 // Notify may run concurrently from several goroutines (they serialize on a
 // lock private to this ring).
 type Queue struct {
 	size          uint16
+	packed        bool
 	eventIdx      bool
 	indirect      bool
 	allowUnmapped bool
 
 	ringMem *GuestMemory // reference held while the ring is set up
-	desc    []byte
-	avail   []byte
-	used    []byte
+	desc    []byte       // descriptor table (split) or ring (packed)
+	avail   []byte       // avail ring (split) or driver event area (packed)
+	used    []byte       // used ring (split) or device event area (packed)
+	descGPA uint64       // packed: where used descriptors are logged
 
-	// Dirty logging of the used ring (VHOST_VRING_F_LOG): the front end
-	// turns it on and off on a running ring, hence atomics.
+	// Dirty logging of the ring's writes (VHOST_VRING_F_LOG): the front
+	// end turns it on and off on a running ring, hence atomics.
 	log       *DirtyLog
 	usedLogOn atomic.Bool
-	usedLog   atomic.Uint64 // guest-physical address of the used ring
+	usedLog   atomic.Uint64 // guest-physical address of the used ring / device area
 
 	// Consumer state (Pop).
-	lastAvail uint16
-	seenAvail uint16 // avail.idx at the last Snapshot
+	lastAvail uint16 // next avail index (split: free-running; packed: slot)
+	availWrap bool   // packed: the driver's wrap counter at lastAvail
+	seenAvail uint16 // split: avail.idx at the last Snapshot
+	seen      bool   // packed: the last Snapshot found lastAvail available
 	broken    bool
 
 	// Producer state (Push/Notify), guarded by mu.
 	mu        sync.Mutex
-	usedIdx   uint16
+	usedIdx   uint16 // next used index (split: free-running; packed: slot)
+	usedWrap  bool   // packed: the device's wrap counter at usedIdx
 	signalled uint16 // used index at the last notification decision
+	sigWrap   bool   // packed: usedWrap at that decision
+	pushed    int    // packed: chains pushed since that decision
 	// decided is false until the first notification decision: a new ring
 	// does not know what the guest was told before it (a restarted ring, a
 	// reconnected daemon), so with EVENT_IDX its first decision signals,
 	// as vhost's signalled_used_valid does.
 	decided bool
-	fence   uint32 // target of the atomic op used as a full barrier
+	// outstanding are the packed buffer ids popped and not yet pushed, to
+	// refuse a chain reusing one (at most the chains in flight: a
+	// linear scan; allocated once at New).
+	outstanding []uint16
+	fence       uint32 // target of the atomic op used as a full barrier
 
 	// callMu guards callFD. Signalling takes it shared and outside mu, so
 	// a pusher preempted in the eventfd write (the woken guest thread
@@ -124,36 +154,28 @@ type Queue struct {
 // New validates cfg against mem and returns a ring ready to serve. The ring
 // holds a reference on mem (the table its addresses were translated with)
 // until Close, so the ring's memory stays mapped even if the front end
-// replaces the table. The used index is read back from the ring.
+// replaces the table.
 func New(cfg Config, mem *GuestMemory) (*Queue, error) {
-	n := uint64(cfg.Size)
-	if n == 0 || n > MaxSize || n&(n-1) != 0 {
-		return nil, fmt.Errorf("ring size %d is not a power of two in 1..%d", n, MaxSize)
-	}
-	if cfg.DescAddr%16 != 0 || cfg.AvailAddr%2 != 0 || cfg.UsedAddr%4 != 0 {
-		return nil, fmt.Errorf("ring addresses desc %#x avail %#x used %#x misaligned", cfg.DescAddr, cfg.AvailAddr, cfg.UsedAddr)
-	}
 	if mem == nil || !mem.TryGet() {
 		return nil, errors.New("no guest memory mapped")
 	}
-	q := &Queue{size: cfg.Size, eventIdx: cfg.EventIdx, indirect: cfg.Indirect, allowUnmapped: cfg.AllowUnmapped, ringMem: mem, callFD: -1}
+	q := &Queue{size: cfg.Size, packed: cfg.Packed, eventIdx: cfg.EventIdx, indirect: cfg.Indirect,
+		allowUnmapped: cfg.AllowUnmapped, ringMem: mem, callFD: -1}
 	q.log = cfg.Log
 	if q.log == nil {
 		q.log = &neverLog
 	}
 	q.SetUsedLog(cfg.LogUsed, cfg.UsedLogAddr)
-	var ok1, ok2, ok3 bool
-	q.desc, ok1 = mem.UserSlice(cfg.DescAddr, descSize*n)
-	q.avail, ok2 = mem.UserSlice(cfg.AvailAddr, 6+2*n)
-	q.used, ok3 = mem.UserSlice(cfg.UsedAddr, 6+8*n)
-	if !ok1 || !ok2 || !ok3 {
-		mem.Put()
-		return nil, fmt.Errorf("ring desc %#x avail %#x used %#x (size %d) not inside one mapped region each", cfg.DescAddr, cfg.AvailAddr, cfg.UsedAddr, n)
+	var err error
+	if q.packed {
+		err = q.packedInit(cfg, mem)
+	} else {
+		err = q.splitInit(cfg, mem)
 	}
-	q.lastAvail = cfg.AvailBase
-	q.seenAvail = cfg.AvailBase // nothing seen yet
-	q.usedIdx = q.loadUsedIdx()
-	q.signalled = q.usedIdx
+	if err != nil {
+		mem.Put()
+		return nil, err
+	}
 	return q, nil
 }
 
@@ -172,94 +194,65 @@ func (q *Queue) Close() {
 // Size returns the number of ring entries.
 func (q *Queue) Size() uint16 { return q.size }
 
+// Packed reports whether the ring has the packed layout.
+func (q *Queue) Packed() bool { return q.packed }
+
 // AllowsUnmapped reports whether chains may hold unmapped segments.
 func (q *Queue) AllowsUnmapped() bool { return q.allowUnmapped }
-
-// LastAvail returns the index of the next avail entry Pop will take: the
-// value GET_VRING_BASE reports once the ring is stopped.
-func (q *Queue) LastAvail() uint16 { return q.lastAvail }
-
-// SeenAvail is the avail index read by the last Snapshot: the chains
-// between LastAvail and it are published but not yet taken.
-func (q *Queue) SeenAvail() uint16 { return q.seenAvail }
 
 // Broken reports whether the ring stopped on an unrecoverable error.
 func (q *Queue) Broken() bool { return q.broken }
 
-// SetCall installs a new call eventfd (or -1) and returns the previous one.
-// Once it returns no goroutine still signals the old fd, so the caller may
-// close it.
-func (q *Queue) SetCall(fd int) (old int) {
-	q.callMu.Lock()
-	old, q.callFD = q.callFD, fd
-	q.callMu.Unlock()
-	return old
-}
-
-// neverLog is the log of a ring whose back end logs nothing.
-var neverLog DirtyLog
-
-// SetUsedLog turns the logging of used-ring writes on or off, with the used
-// ring's guest-physical address (SET_VRING_ADDR's VHOST_VRING_F_LOG and
-// log_guest_addr). It may be called while the ring runs.
-func (q *Queue) SetUsedLog(on bool, gpa uint64) {
-	q.usedLog.Store(gpa)
-	q.usedLogOn.Store(on)
-}
-
-// logUsed records a write of n bytes at offset off of the used ring.
-func (q *Queue) logUsed(off, n uint64) {
-	if q.log.Active() && q.usedLogOn.Load() {
-		q.log.Mark(q.usedLog.Load()+off, n)
+// Base returns where the ring stands, in SET_VRING_BASE's encoding (see
+// Config.Base): the value GET_VRING_BASE reports once the ring is stopped
+// and every chain popped has been pushed.
+func (q *Queue) Base() uint32 {
+	if !q.packed {
+		return uint32(q.lastAvail)
 	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return packedBase(q.lastAvail, q.availWrap) | packedBase(q.usedIdx, q.usedWrap)<<16
 }
 
-// LogWritten records the first n bytes of c's writable buffers, the reply
-// of used length n, in the dirty log when logging is on. Call it before
-// pushing the chain: the used index must not publish a reply whose pages
-// are not yet logged.
-func (q *Queue) LogWritten(c *DescChain, n uint32) {
-	if q.log.Active() {
-		q.log.MarkWritten(c.Writable, n)
+func packedBase(idx uint16, wrap bool) uint32 {
+	if wrap {
+		return uint32(idx) | 1<<15
 	}
+	return uint32(idx)
 }
 
-// availEventOffset is where avail_event sits in the used ring.
-func (q *Queue) availEventOffset() int { return 4 + 8*int(q.size) }
-
-// word32 returns the aligned 32-bit word at b[0:4] for atomic access.
-func word32(b []byte) *uint32 { return (*uint32)(unsafe.Pointer(&b[0])) }
-
-// loadAvailIdx reads avail.idx with acquire semantics: entries it covers are
-// read after it. The {flags, idx} pair is read as one 32-bit word (Go has no
-// 16-bit atomics); on amd64 a 2-aligned 4-byte load never tears a 16-bit half.
-func (q *Queue) loadAvailIdx() uint16 {
-	return uint16(atomic.LoadUint32(word32(q.avail)) >> 16)
+// Seen reports whether chains found by the last Snapshot are still to be
+// taken by PopSeen.
+func (q *Queue) Seen() bool {
+	if q.packed {
+		return q.seen
+	}
+	return q.seenAvail != q.lastAvail
 }
-
-func (q *Queue) loadAvailFlags() uint16 {
-	return uint16(atomic.LoadUint32(word32(q.avail)))
-}
-
-func (q *Queue) loadUsedIdx() uint16 {
-	return uint16(atomic.LoadUint32(word32(q.used)) >> 16)
-}
-
-// fullBarrier orders earlier stores before later loads (a LOCK'd
-// instruction on amd64), as the EVENT_IDX protocol needs.
-func (q *Queue) fullBarrier() { atomic.AddUint32(&q.fence, 1) }
 
 // Pending reports whether the guest has published chains not yet popped.
-func (q *Queue) Pending() bool { return !q.broken && q.loadAvailIdx() != q.lastAvail }
+func (q *Queue) Pending() bool {
+	if q.broken {
+		return false
+	}
+	if q.packed {
+		return q.packedAvailable()
+	}
+	return q.loadAvailIdx() != q.lastAvail
+}
 
 // Waiting returns how many chains the guest has published and the device
-// not yet taken, read afresh from the ring (at most the ring's size: a
-// bad index is Snapshot's to report).
-func (q *Queue) Waiting() int {
-	if q.broken {
+// not yet taken, read afresh from the ring, counting no further than limit
+// (a packed ring is walked to count them).
+func (q *Queue) Waiting(limit int) int {
+	if q.broken || limit <= 0 {
 		return 0
 	}
-	return int(min(q.loadAvailIdx()-q.lastAvail, q.size))
+	if q.packed {
+		return q.packedWaiting(limit)
+	}
+	return min(int(min(q.loadAvailIdx()-q.lastAvail, q.size)), limit)
 }
 
 // EnableNotify asks the guest to kick when it publishes new chains and
@@ -269,20 +262,17 @@ func (q *Queue) EnableNotify() bool {
 	if q.broken {
 		return false
 	}
-	if q.eventIdx {
-		off := q.availEventOffset()
-		binary.LittleEndian.PutUint16(q.used[off:], q.lastAvail)
-		q.logUsed(uint64(off), 2)
+	if q.packed {
+		return q.packedEnableNotify()
 	}
-	q.fullBarrier()
-	return q.loadAvailIdx() != q.lastAvail
+	return q.splitEnableNotify()
 }
 
 // Pop takes the next available chain into c. It returns false with a nil
-// error when the ring is empty. On ErrBadChain the chain's head is in
-// c.Head and must be pushed back (with length 0); on ErrBadHead the entry
-// was consumed and there is nothing to push. Without guest memory (mem nil)
-// it returns false with an error and consumes nothing.
+// error when the ring is empty. On ErrBadChain the chain's Token is in c
+// and must be pushed back (with length 0); on ErrBadHead the entry was
+// consumed and there is nothing to push. Without guest memory (mem nil) it
+// returns false with an error and consumes nothing.
 func (q *Queue) Pop(c *DescChain, mem *GuestMemory) (bool, error) {
 	if q.broken {
 		return false, ErrBroken
@@ -297,24 +287,21 @@ func (q *Queue) Pop(c *DescChain, mem *GuestMemory) (bool, error) {
 	return q.PopSeen(c, mem)
 }
 
-// Snapshot reads avail.idx and reports whether chains are pending. PopSeen
-// then takes only the chains published up to that read, so a caller that
-// acquires the memory table after Snapshot translates every chain with a
-// table at least as new as any the front end acknowledged before the guest
-// published it (a chain into hot-plugged memory is never translated with
-// the table from before the hot-plug).
+// Snapshot looks at what the guest has published and reports whether
+// chains are pending. PopSeen then takes only the chains published up to
+// that look, so a caller that acquires the memory table after Snapshot
+// translates every chain with a table at least as new as any the front end
+// acknowledged before the guest published it (a chain into hot-plugged
+// memory is never translated with the table from before the hot-plug).
 func (q *Queue) Snapshot() (bool, error) {
 	if q.broken {
 		return false, ErrBroken
 	}
-	availIdx := q.loadAvailIdx()
-	pending := availIdx - q.lastAvail
-	if pending > q.size {
-		q.broken = true
-		return false, fmt.Errorf("%w: avail index %d is %d entries past %d, ring has %d", ErrBroken, availIdx, pending, q.lastAvail, q.size)
+	if q.packed {
+		q.seen = q.packedAvailable()
+		return q.seen, nil
 	}
-	q.seenAvail = availIdx
-	return pending != 0, nil
+	return q.splitSnapshot()
 }
 
 // PopSeen is Pop limited to the chains seen by the last Snapshot.
@@ -325,134 +312,48 @@ func (q *Queue) PopSeen(c *DescChain, mem *GuestMemory) (bool, error) {
 	if mem == nil {
 		return false, errors.New("virtqueue: Pop without guest memory")
 	}
-	if q.seenAvail == q.lastAvail {
+	if !q.Seen() {
 		return false, nil
 	}
-	slot := int(q.lastAvail & (q.size - 1))
-	head := binary.LittleEndian.Uint16(q.avail[4+2*slot:])
-	q.lastAvail++
-	if q.eventIdx {
-		// Let the guest skip kicks for what we are about to see anyway.
-		off := q.availEventOffset()
-		binary.LittleEndian.PutUint16(q.used[off:], q.lastAvail)
-		q.logUsed(uint64(off), 2)
-	}
-	c.reset(head, mem)
+	c.reset(mem)
 	c.allowUnmapped = q.allowUnmapped
-	if head >= q.size {
-		return true, fmt.Errorf("%w: head %d, ring size %d", ErrBadHead, head, q.size)
+	if q.packed {
+		return q.packedPop(c)
 	}
-	if err := q.walk(c); err != nil {
-		return true, fmt.Errorf("%w: head %d: %v", ErrBadChain, head, err)
-	}
-	return true, nil
+	return q.splitPop(c)
 }
 
-// desc reads descriptor i of table t (16-byte entries) once.
-type descriptor struct {
-	addr  uint64
-	len   uint32
-	flags uint16
-	next  uint16
-}
-
-func readDesc(t []byte, i int) descriptor {
-	b := t[i*descSize : i*descSize+descSize]
-	return descriptor{
-		addr:  binary.LittleEndian.Uint64(b[0:]),
-		len:   binary.LittleEndian.Uint32(b[8:]),
-		flags: binary.LittleEndian.Uint16(b[12:]),
-		next:  binary.LittleEndian.Uint16(b[14:]),
-	}
-}
-
-// walk follows the chain at c.Head, appending its buffers to c. Every step
-// is bounded: a chain visits at most as many descriptors as its table holds,
-// which also catches loops.
-func (q *Queue) walk(c *DescChain) error {
-	table := q.desc
-	entries := int(q.size)
-	idx := int(c.Head)
-	seen := 0
-	inIndirect := false
-	for {
-		if idx >= entries {
-			return fmt.Errorf("descriptor index %d beyond table of %d", idx, entries)
-		}
-		seen++
-		if seen > entries {
-			return fmt.Errorf("chain longer than its table of %d (loop?)", entries)
-		}
-		d := readDesc(table, idx)
-		if d.flags&descIndirect != 0 {
-			switch {
-			case !q.indirect:
-				return errors.New("indirect descriptor without INDIRECT_DESC")
-			case inIndirect:
-				return errors.New("indirect descriptor inside an indirect table")
-			case d.flags&descNext != 0:
-				return errors.New("indirect descriptor with NEXT set")
-			case d.len == 0 || d.len%descSize != 0:
-				return fmt.Errorf("indirect table length %d", d.len)
-			case d.len/descSize > uint32(q.size):
-				return fmt.Errorf("indirect table of %d entries exceeds ring size %d", d.len/descSize, q.size)
-			}
-			t, err := c.indirectTable(d.addr, d.len)
-			if err != nil {
-				return err
-			}
-			table, entries, idx, seen, inIndirect = t, int(d.len/descSize), 0, 0, true
-			continue
-		}
-		if err := c.addBuffer(d.addr, d.len, d.flags&descWrite != 0); err != nil {
-			return err
-		}
-		if d.flags&descNext == 0 {
-			return nil
-		}
-		idx = int(d.next)
-	}
-}
-
-// Push returns chain head to the guest with n bytes written into its
-// writable buffers. It does not notify; call Notify after a batch.
-func (q *Queue) Push(head uint16, n uint32) {
+// Push returns the chain tok names to the guest with n bytes written into
+// its writable buffers. It does not notify; call Notify after a batch.
+func (q *Queue) Push(tok Token, n uint32) {
 	q.mu.Lock()
 	defer q.mu.Unlock() // deferred: a fault on guest memory must not leave it held
-	q.push(head, n)
+	q.push(tok, n)
 }
 
-func (q *Queue) push(head uint16, n uint32) {
-	if q.used == nil {
+func (q *Queue) push(tok Token, n uint32) {
+	if q.desc == nil {
 		return // closed under us: the front end is gone
 	}
-	slot := int(q.usedIdx & (q.size - 1))
-	off := 4 + 8*slot
-	e := q.used[off:]
-	binary.LittleEndian.PutUint32(e[0:], uint32(head))
-	binary.LittleEndian.PutUint32(e[4:], n)
-	q.logUsed(uint64(off), 8)
-	q.usedIdx++
-	// Entries before index: the atomic store is a release (and on amd64 a
-	// full barrier, which the EVENT_IDX check in notify relies on). The
-	// device owns used.flags, which we keep at 0 (and write with the
-	// index: they share the word).
-	atomic.StoreUint32(word32(q.used), uint32(q.usedIdx)<<16)
-	q.logUsed(0, 4)
+	if q.packed {
+		q.packedPush(tok, n)
+	} else {
+		q.splitPush(tok, n)
+	}
 }
 
 // PushNotify pushes one chain and signals the guest if it asked for it.
-func (q *Queue) PushNotify(head uint16, n uint32) error {
-	if !q.pushDecide(head, n) {
+func (q *Queue) PushNotify(tok Token, n uint32) error {
+	if !q.pushDecide(tok, n) {
 		return nil
 	}
 	return q.signal()
 }
 
-func (q *Queue) pushDecide(head uint16, n uint32) bool {
+func (q *Queue) pushDecide(tok Token, n uint32) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock() // deferred: a fault on guest memory must not leave it held
-	q.push(head, n)
+	q.push(tok, n)
 	return q.needNotify()
 }
 
@@ -471,24 +372,61 @@ func (q *Queue) Notify() error {
 // needNotify decides, under mu, whether the entries pushed since the last
 // decision call for a notification.
 func (q *Queue) needNotify() bool {
-	if q.used == nil {
+	if q.desc == nil {
 		return false
 	}
-	old, cur := q.signalled, q.usedIdx
-	if old == cur {
-		return false
+	if q.packed {
+		return q.packedNeedNotify()
 	}
-	q.fullBarrier()
-	var need bool
-	if q.eventIdx {
-		usedEvent := binary.LittleEndian.Uint16(q.avail[4+2*int(q.size):])
-		need = cur-usedEvent-1 < cur-old || !q.decided
-	} else {
-		need = q.loadAvailFlags()&availNoInterrupt == 0
-	}
-	q.signalled, q.decided = cur, true
-	return need
+	return q.splitNeedNotify()
 }
+
+// SetCall installs a new call eventfd (or -1) and returns the previous one.
+// Once it returns no goroutine still signals the old fd, so the caller may
+// close it.
+func (q *Queue) SetCall(fd int) (old int) {
+	q.callMu.Lock()
+	old, q.callFD = q.callFD, fd
+	q.callMu.Unlock()
+	return old
+}
+
+// neverLog is the log of a ring whose back end logs nothing.
+var neverLog DirtyLog
+
+// SetUsedLog turns the logging of the ring's own writes on or off, with
+// the used ring's (packed: device event area's) guest-physical address
+// (SET_VRING_ADDR's VHOST_VRING_F_LOG and log_guest_addr). It may be
+// called while the ring runs.
+func (q *Queue) SetUsedLog(on bool, gpa uint64) {
+	q.usedLog.Store(gpa)
+	q.usedLogOn.Store(on)
+}
+
+// logUsed records a write of n bytes at offset off of the used ring (packed:
+// the device event area).
+func (q *Queue) logUsed(off, n uint64) {
+	if q.log.Active() && q.usedLogOn.Load() {
+		q.log.Mark(q.usedLog.Load()+off, n)
+	}
+}
+
+// LogWritten records the first n bytes of c's writable buffers, the reply
+// of used length n, in the dirty log when logging is on. Call it before
+// pushing the chain: the used index must not publish a reply whose pages
+// are not yet logged.
+func (q *Queue) LogWritten(c *DescChain, n uint32) {
+	if q.log.Active() {
+		q.log.MarkWritten(c.Writable, n)
+	}
+}
+
+// word32 returns the aligned 32-bit word at b[0:4] for atomic access.
+func word32(b []byte) *uint32 { return (*uint32)(unsafe.Pointer(&b[0])) }
+
+// fullBarrier orders earlier stores before later loads (a LOCK'd
+// instruction on amd64), as both notification protocols need.
+func (q *Queue) fullBarrier() { atomic.AddUint32(&q.fence, 1) }
 
 // signal kicks the guest's call eventfd, if there is one.
 func (q *Queue) signal() error {
@@ -520,4 +458,19 @@ func signal(fd int) error {
 		}
 		return e
 	}
+}
+
+// indirectCheck vets an indirect descriptor's table length, the same in
+// both layouts: a whole number of 16-byte descriptors, at most the ring's
+// size of them (as DPDK and Linux bound it).
+func (q *Queue) indirectCheck(n uint32) error {
+	switch {
+	case !q.indirect:
+		return errors.New("indirect descriptor without INDIRECT_DESC")
+	case n == 0 || n%descSize != 0:
+		return fmt.Errorf("indirect table length %d", n)
+	case n/descSize > uint32(q.size):
+		return fmt.Errorf("indirect table of %d entries exceeds ring size %d", n/descSize, q.size)
+	}
+	return nil
 }

@@ -63,8 +63,8 @@ func TestNew(t *testing.T) {
 			t.Errorf("%s: err %v, want ok %v", tc.name, err, tc.ok)
 		}
 		if err == nil {
-			if q.Size() != cfg.Size || q.LastAvail() != cfg.AvailBase || q.Broken() || q.Pending() {
-				t.Errorf("%s: size %d last %d broken %v", tc.name, q.Size(), q.LastAvail(), q.Broken())
+			if q.Size() != cfg.Size || lastAvail(q) != uint16(cfg.Base) || q.Broken() || q.Pending() {
+				t.Errorf("%s: size %d last %d broken %v", tc.name, q.Size(), lastAvail(q), q.Broken())
 			}
 			q.Close()
 		}
@@ -85,18 +85,18 @@ func TestNewReadsUsedIdx(t *testing.T) {
 	r.availIdx = 65534 // SET_VRING_BASE: resume here
 	r.setUsedIdx(65533)
 	q := r.open(t)
-	if q.LastAvail() != 65534 {
-		t.Fatalf("LastAvail %d", q.LastAvail())
+	if lastAvail(q) != 65534 {
+		t.Fatalf("LastAvail %d", lastAvail(q))
 	}
 	r.setDesc(0, desc{addr: dataGPA, len: 16})
 	r.setDesc(1, desc{addr: dataGPA, len: 16, flags: descWrite})
 	c := NewDescChain(8)
 	for i, h := range []uint16{0, 1, 0, 1} { // wraps the avail and used indexes
 		r.publish(h)
-		if ok, err := q.Pop(c, g.mem); !ok || err != nil || c.Head != h {
-			t.Fatalf("pop %d: %v %v head %d", i, ok, err, c.Head)
+		if ok, err := q.Pop(c, g.mem); !ok || err != nil || c.ID() != h {
+			t.Fatalf("pop %d: %v %v head %d", i, ok, err, c.ID())
 		}
-		q.Push(c.Head, uint32(i))
+		q.Push(c.Token, uint32(i))
 		if want := uint16(65533 + i + 1); r.usedIdx() != want {
 			t.Fatalf("used idx %d, want %d", r.usedIdx(), want)
 		}
@@ -104,8 +104,8 @@ func TestNewReadsUsedIdx(t *testing.T) {
 			t.Fatalf("used elem %d = {%d %d}", i, id, n)
 		}
 	}
-	if q.LastAvail() != 2 {
-		t.Fatalf("LastAvail %d after wrapping", q.LastAvail())
+	if lastAvail(q) != 2 {
+		t.Fatalf("LastAvail %d after wrapping", lastAvail(q))
 	}
 }
 
@@ -280,8 +280,8 @@ func TestPopPush(t *testing.T) {
 			if !ok || err != nil {
 				t.Fatalf("Pop: %v %v", ok, err)
 			}
-			if c.Head != head || c.Memory() != g.mem {
-				t.Fatalf("head %d, want %d", c.Head, head)
+			if c.ID() != head || c.Memory() != g.mem {
+				t.Fatalf("head %d, want %d", c.ID(), head)
 			}
 			checkChain(t, g, c, wantR, wantW)
 			got := make([]byte, c.Readable.Size())
@@ -297,7 +297,7 @@ func TestPopPush(t *testing.T) {
 					t.Fatalf("reply not in guest memory at %#x", s.gpa)
 				}
 			}
-			q.Push(c.Head, uint32(len(reply)))
+			q.Push(c.Token, uint32(len(reply)))
 			if r.usedIdx() != 1 {
 				t.Fatalf("used idx %d", r.usedIdx())
 			}
@@ -498,25 +498,25 @@ func TestMalformed(t *testing.T) {
 			if !ok || !errors.Is(err, tc.want) {
 				t.Fatalf("Pop: %v %v, want %v", ok, err, tc.want)
 			}
-			if c.Head != head {
-				t.Fatalf("error reported head %d, want %d", c.Head, head)
+			if c.ID() != head {
+				t.Fatalf("error reported head %d, want %d", c.ID(), head)
 			}
 			if !strings.Contains(err.Error(), tc.why) {
 				t.Fatalf("error %q does not say %q", err, tc.why)
 			}
 			if tc.want == ErrBadChain {
-				q.Push(c.Head, 0)
+				q.Push(c.Token, 0)
 			}
 			if q.Broken() {
 				t.Fatal("ring broken by a malformed chain")
 			}
 			ok, err = q.Pop(c, g.mem)
-			if !ok || err != nil || c.Head != valid {
-				t.Fatalf("valid chain after the bad one: %v %v head %d", ok, err, c.Head)
+			if !ok || err != nil || c.ID() != valid {
+				t.Fatalf("valid chain after the bad one: %v %v head %d", ok, err, c.ID())
 			}
 			// Nothing of the bad chain leaks into the next one.
 			checkChain(t, g, c, []seg{{dataGPA + 0x8000, 40}}, nil)
-			q.Push(c.Head, 0)
+			q.Push(c.Token, 0)
 			wantUsed := uint16(1)
 			if tc.want == ErrBadChain {
 				wantUsed = 2
@@ -527,8 +527,8 @@ func TestMalformed(t *testing.T) {
 			if r.usedIdx() != wantUsed {
 				t.Fatalf("used idx %d, want %d", r.usedIdx(), wantUsed)
 			}
-			if q.LastAvail() != 2 || q.Pending() {
-				t.Fatalf("LastAvail %d", q.LastAvail())
+			if lastAvail(q) != 2 || q.Pending() {
+				t.Fatalf("LastAvail %d", lastAvail(q))
 			}
 		})
 	}
@@ -581,8 +581,8 @@ func TestAvailIdxJump(t *testing.T) {
 		if q.Pending() || q.EnableNotify() {
 			t.Fatal("broken ring reports pending chains")
 		}
-		if q.LastAvail() != 1 {
-			t.Fatalf("LastAvail %d after break", q.LastAvail())
+		if lastAvail(q) != 1 {
+			t.Fatalf("LastAvail %d after break", lastAvail(q))
 		}
 	}
 	// A jump of exactly Q is legal: every slot is pending.
@@ -595,7 +595,7 @@ func TestAvailIdxJump(t *testing.T) {
 	}
 	r.publish(0, 1, 2, 3, 4, 5, 6, 7)
 	for i := range uint16(8) {
-		if ok, err := q.Pop(c, g.mem); !ok || err != nil || c.Head != i {
+		if ok, err := q.Pop(c, g.mem); !ok || err != nil || c.ID() != i {
 			t.Fatalf("pop %d: %v %v", i, ok, err)
 		}
 	}
@@ -656,8 +656,8 @@ func TestEventIdx(t *testing.T) {
 		if ok, err := q.Pop(c, g.mem); !ok || err != nil {
 			t.Fatalf("Pop: %v %v", ok, err)
 		}
-		if r.availEvent() != q.LastAvail() {
-			t.Fatalf("avail_event %d after Pop, want %d", r.availEvent(), q.LastAvail())
+		if r.availEvent() != lastAvail(q) {
+			t.Fatalf("avail_event %d after Pop, want %d", r.availEvent(), lastAvail(q))
 		}
 	}
 
@@ -725,15 +725,15 @@ func TestEventIdx(t *testing.T) {
 	if q.EnableNotify() {
 		t.Fatal("EnableNotify reports chains on an empty ring")
 	}
-	if r.availEvent() != q.LastAvail() {
-		t.Fatalf("avail_event %#x after EnableNotify, want %d", r.availEvent(), q.LastAvail())
+	if r.availEvent() != lastAvail(q) {
+		t.Fatalf("avail_event %#x after EnableNotify, want %d", r.availEvent(), lastAvail(q))
 	}
 	r.publish(0)
 	r.setAvailEvent(0xdead)
 	if !q.EnableNotify() {
 		t.Fatal("EnableNotify missed a published chain")
 	}
-	if r.availEvent() != q.LastAvail() {
+	if r.availEvent() != lastAvail(q) {
 		t.Fatal("avail_event not written")
 	}
 	if r.usedFlags() != 0 {
@@ -846,8 +846,8 @@ func TestConcurrentPush(t *testing.T) {
 			for i := range Q / 4 {
 				head := uint16(w*(Q/4) + i)
 				if i%2 == 0 {
-					q.Push(head, uint32(head))
-				} else if err := q.PushNotify(head, uint32(head)); err != nil {
+					q.Push(Token(head), uint32(head))
+				} else if err := q.PushNotify(Token(head), uint32(head)); err != nil {
 					t.Error(err)
 				}
 				if i%7 == 0 {

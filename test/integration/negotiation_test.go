@@ -12,7 +12,7 @@ import (
 // The features README.md documents as offered.
 const (
 	wantFeatures = 1<<vmm.FVersion1 | 1<<vmm.FIndirectDesc | 1<<vmm.FEventIdx | 1<<vmm.FProtocolFeatures |
-		1<<vmm.FLogAll
+		1<<vmm.FLogAll | 1<<vmm.FRingPacked
 	wantProtocol = 1<<vmm.PMQ | 1<<vmm.PLogShmfd | 1<<vmm.PReplyAck | 1<<vmm.PBackendReq | 1<<vmm.PBackendSendFd |
 		1<<vmm.PResetDevice | 1<<vmm.PConfigureMemSlots | 1<<vmm.PStatus | 1<<vmm.PDeviceState
 )
@@ -23,7 +23,7 @@ func TestNegotiation(t *testing.T) {
 	d := startDaemon(t)
 	dev := d.connect(opts())
 	if dev.Offered != wantFeatures {
-		t.Errorf("GET_FEATURES = %#x, want %#x (VERSION_1, INDIRECT_DESC, EVENT_IDX, PROTOCOL_FEATURES, LOG_ALL)", dev.Offered, uint64(wantFeatures))
+		t.Errorf("GET_FEATURES = %#x, want %#x (VERSION_1, INDIRECT_DESC, EVENT_IDX, RING_PACKED, PROTOCOL_FEATURES, LOG_ALL)", dev.Offered, uint64(wantFeatures))
 	}
 	if dev.Offered&vmm.Bit(vmm.FRingReset) != 0 {
 		t.Errorf("RING_RESET (bit 40) offered: QEMU 7.2 mishandles it")
@@ -173,7 +173,7 @@ func TestNegotiationRefusesUnofferedFeatures(t *testing.T) {
 			t.Errorf("SET_PROTOCOL_FEATURES with bit %d not offered: %v, want refused", bit, err)
 		}
 	}
-	for _, bit := range []uint{vmm.FRingReset, vmm.FRingPacked, vmm.FNotifyOnEmpty, 63} {
+	for _, bit := range []uint{vmm.FRingReset, vmm.FNotifyOnEmpty, 63} {
 		_, err := cn.CallFlags(vmm.SetFeatures, vmm.U64(offered|vmm.Bit(bit)), nil, true)
 		if replyErr(err) == 0 {
 			t.Errorf("SET_FEATURES with bit %d not offered: %v, want refused", bit, err)
