@@ -257,9 +257,10 @@ var (
 //   - migrate: TestMigration's basic scenario ours→ours, packed=on on both
 //     sides; the destination QEMU must run the device on packed rings
 //     (requireQEMUPacked);
-//   - migrate-to-rust: ours (packed) → the Rust virtiofsd 1.13, which does
-//     not offer bit 34: the migration must fail, the source resume on its
-//     packed rings and the guest go on there.
+//   - migrate-to-rust, migrate-to-c: ours (packed) → the Rust virtiofsd
+//     1.13, and → the reference C daemon; neither offers bit 34: the
+//     migration must fail, the source resume on its packed rings and the
+//     guest go on there.
 func TestPackedRing(t *testing.T) {
 	requireE2E(t)
 	peersBin(t, qemu10Wrapper)
@@ -287,6 +288,10 @@ func TestPackedRing(t *testing.T) {
 		})
 		timed("migrate-to-rust", func(t *testing.T) {
 			scenarioMigratePackedToSplit(newMigEnv(t, migPair{"ours-rust", ourDaemon, rustDaemon}, k))
+		})
+		timed("migrate-to-c", func(t *testing.T) {
+			requireReference(t)
+			scenarioMigratePackedToSplit(newMigEnv(t, migPair{"ours-c", ourDaemon, refDaemon}, k))
 		})
 	}
 	t.Logf("TestPackedRing took %.1fs", time.Since(start).Seconds())
