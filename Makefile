@@ -136,7 +136,9 @@ bench: test-deps build
 # minutes with the defaults (17 with the four configurations before the
 # Rust daemon's; not re-timed); narrow it with e.g. BENCHGUEST_RUNTIME=3 BENCHGUEST_ROUNDS=1
 # BENCHGUEST_CONFIGS=ours,ref-pool0 BENCHGUEST_WORKLOADS='^seq'; ours-pool0
-# and ours-pool1 (--thread-pool-size 0 and 1, Kata's) run only when named.
+# and ours-pool1 (--thread-pool-size 0 and 1, Kata's), and ours-packed and
+# ours-2q-packed (packed virtqueues: packed=on; with ours and ours-2q the
+# table gets packed/split ratios) run only when named.
 # BENCHGUEST_ALT=path/to/another/govirtiofsd adds configurations alt and
 # alt-2q (A/B comparisons in one run). Under TCG the guest is the
 # bottleneck: figures, not targets.

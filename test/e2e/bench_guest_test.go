@@ -23,6 +23,7 @@ type benchConfig struct {
 	kind   daemonKind
 	extra  []string // daemon arguments after the standard ones
 	queues int      // num-request-queues
+	packed bool     // packed=on: the guest must negotiate packed rings (requirePacked)
 }
 
 var benchConfigs = []benchConfig{
@@ -44,15 +45,19 @@ var benchConfigs = []benchConfig{
 
 // benchOptionalConfigs run only when GOVIRTIOFSD_BENCH_CONFIGS names them:
 // ours with every request inline (0) and with Kata's --thread-pool-size=1;
-// and each daemon with its default cache (auto) instead of never, for the
+// each daemon with its default cache (auto) instead of never, for the
 // files-* rows (startDaemon leaves its cache=none out when extra names a
-// cache).
+// cache); and ours on packed virtqueues (ours-packed, ours-2q-packed).
 var benchOptionalConfigs = []benchConfig{
 	{name: "ours-pool0", kind: ourDaemon, extra: []string{"--cache", "never", "--log-level", "info", "--thread-pool-size=0"}, queues: 1},
 	{name: "ours-pool1", kind: ourDaemon, extra: []string{"--cache", "never", "--log-level", "info", "--thread-pool-size=1"}, queues: 1},
 	{name: "ours-auto", kind: ourDaemon, extra: []string{"--cache", "auto", "--log-level", "info"}, queues: 1},
 	{name: "ref-pool0-auto", kind: refDaemon, extra: []string{"-o", "cache=auto", "--thread-pool-size=0"}, queues: 1},
 	{name: "rust-pool0-auto", kind: rustDaemon, extra: []string{"--cache", "auto", "--thread-pool-size=0"}, queues: 1},
+	// Ours on packed virtqueues (packed=on), 1 and 2 request queues:
+	// beside ours and ours-2q the table gets packed/split ratios.
+	{name: "ours-packed", kind: ourDaemon, extra: []string{"--cache", "never", "--log-level", "info"}, queues: 1, packed: true},
+	{name: "ours-2q-packed", kind: ourDaemon, extra: []string{"--cache", "never", "--log-level", "info"}, queues: 2, packed: true},
 }
 
 // benchWorkload is one fio run (guest-scripts/bench.sh).
@@ -147,7 +152,8 @@ const benchOtherLoad = 0.3
 // GOVIRTIOFSD_BENCH_ROUNDS rounds over all workloads (default 2),
 // GOVIRTIOFSD_BENCH_SIZE file size per job (default 64M),
 // GOVIRTIOFSD_BENCH_CONFIGS a comma-separated subset of ours, ours-2q,
-// ref-pool0, ref-pool2, rust-pool0, rust-pool2, and of ours-pool0, ours-pool1, ours-auto, ref-pool0-auto and rust-pool0-auto, which run only
+// ref-pool0, ref-pool2, rust-pool0, rust-pool2, and of ours-pool0, ours-pool1, ours-auto, ref-pool0-auto, rust-pool0-auto,
+// ours-packed and ours-2q-packed (packed=on: packed virtqueues), which run only
 // when named (and alt, alt-2q: the build GOVIRTIOFSD_BENCH_ALT names, with
 // our default settings, for A/B comparisons in one run),
 // GOVIRTIOFSD_BENCH_WORKLOADS a regexp on workload names.
@@ -248,7 +254,7 @@ func TestBenchGuest(t *testing.T) {
 			// Every daemon of one comparison under the same QEMU:
 			// QEMU 10, the one users run with the Rust daemon.
 			r.v = startVM(t, r.dir, vmConfig{
-				Kernel: k, QEMU: qemu10, Sock: sock, Script: "bench", Timeout: total,
+				Kernel: k, QEMU: qemu10, Sock: sock, Script: "bench", Timeout: total, Packed: c.packed,
 				DeviceOpts: []string{"num-request-queues=" + strconv.Itoa(c.queues)},
 				Append: []string{"e2e.benchsize=" + size, "e2e.benchruntime=" + strconv.Itoa(runtime),
 					"e2e.asktimeout=" + strconv.Itoa(int(total.Seconds()))},
@@ -259,6 +265,13 @@ func TestBenchGuest(t *testing.T) {
 	}
 	for _, r := range runs {
 		r.ready(t, 3*time.Minute)
+		if r.cfg.packed {
+			// A silent fall-back to split rings would make its
+			// figures a second "ours".
+			if p := packedProblem(r.v.consoleLines(), 1); p != "" {
+				t.Fatalf("%s: %s", r.cfg.name, p)
+			}
+		}
 	}
 	t.Logf("%d guests (%s) ready after %.1fs; logs in %s", len(runs), k.Version, time.Since(start).Seconds(), root)
 
@@ -494,6 +507,14 @@ func benchTable(runs []*benchRun, workloads []benchWorkload, k guestKernel, runt
 	fmt.Fprintf(&b, "Best of %d round(s); 1 MiB workloads in MiB/s, 4 KiB workloads in IOPS, files-* in files per second (%d files,\n", rounds, filesCount)
 	fmt.Fprintf(&b, "each phase one guest process, timed to 10 ms). best ref = the better of ref-pool0 and\n")
 	fmt.Fprintf(&b, "ref-pool2; ours/rust = ours / the better of rust-pool0 and rust-pool2.\n")
+	has := map[string]bool{}
+	for _, r := range runs {
+		has[r.cfg.name] = true
+	}
+	if has["ours-packed"] || has["ours-2q-packed"] {
+		fmt.Fprintf(&b, "packed/split = ours-packed / ours, 2q pk/split = ours-2q-packed / ours-2q: packed virtqueues\n")
+		fmt.Fprintf(&b, "(packed=on) against split ones, same daemon and settings.\n")
+	}
 	fmt.Fprintf(&b, "* = measured while other processes kept more than %.1f cores busy.\n\n", benchOtherLoad)
 	fmt.Fprintf(&b, "%-24s", "workload")
 	for _, r := range runs {
@@ -511,10 +532,6 @@ func benchTable(runs []*benchRun, workloads []benchWorkload, k guestKernel, runt
 	}
 	type ratioCol struct{ head, num, den string }
 	var cols []ratioCol
-	has := map[string]bool{}
-	for _, r := range runs {
-		has[r.cfg.name] = true
-	}
 	for _, o := range []string{"ours", "ours-2q"} {
 		if !has[o] {
 			continue
@@ -528,6 +545,12 @@ func benchTable(runs []*benchRun, workloads []benchWorkload, k guestKernel, runt
 	}
 	if has["ours"] && has["ours-2q"] {
 		cols = append(cols, ratioCol{"2q/1q", "ours-2q", "ours"})
+	}
+	if has["ours"] && has["ours-packed"] {
+		cols = append(cols, ratioCol{"packed/split", "ours-packed", "ours"})
+	}
+	if has["ours-2q"] && has["ours-2q-packed"] {
+		cols = append(cols, ratioCol{"2q pk/split", "ours-2q-packed", "ours-2q"})
 	}
 	if has["ours"] && has["rust-pool0"] && has["rust-pool2"] {
 		cols = append(cols, ratioCol{"ours/rust", "ours", "rust"})
@@ -675,4 +698,30 @@ func (s cpuSample) otherCores(earlier cpuSample) float64 {
 		return 0
 	}
 	return math.Max(0, float64((s.busy-earlier.busy)-(s.ours-earlier.ours))/clockTicks/secs)
+}
+
+// TestBenchTablePacked: the packed/split ratio columns appear when both
+// halves of a pair ran (no root).
+func TestBenchTablePacked(t *testing.T) {
+	w := benchWorkload{"seq-1m-qd16-j1-write", "write", "1m", 16, 1}
+	run := func(name string, v float64) *benchRun {
+		return &benchRun{cfg: benchConfig{name: name}, res: map[string][]benchSample{w.name: {{val: v}}}}
+	}
+	k := guestKernel{Version: "6.12.117+deb12-cloud-amd64"}
+	table := benchTable([]*benchRun{run("ours", 100), run("ours-packed", 125), run("ours-2q", 150), run("ours-2q-packed", 120)},
+		[]benchWorkload{w}, k, 5, 1, "64M")
+	var row string
+	for _, l := range strings.Split(table, "\n") {
+		if strings.HasPrefix(l, w.name) && row == "" {
+			row = l
+		}
+	}
+	if !strings.Contains(table, "packed/split") || !strings.Contains(table, "2q pk/split") ||
+		!strings.HasSuffix(row, "1.25x         0.80x") {
+		t.Fatalf("table:\n%s\nrow %q", table, row)
+	}
+	table = benchTable([]*benchRun{run("ours", 100), run("ours-2q", 150)}, []benchWorkload{w}, k, 5, 1, "64M")
+	if strings.Contains(table, "pk/split ") || strings.Contains(table, " packed/split") {
+		t.Fatalf("packed columns without packed runs:\n%s", table)
+	}
 }

@@ -22,7 +22,7 @@ func TestBootInitRoundTrip(t *testing.T) {
 // again; then QEMU quits and the daemon must exit 0 on the disconnect.
 func TestGuestRebootAndRemount(t *testing.T) {
 	requireE2E(t)
-	forEachKernel(t, func(t *testing.T, k guestKernel) { scenarioReboot(t, ourDaemon, k) })
+	forEachKernel(t, func(t *testing.T, k guestKernel) { scenarioReboot(t, ourDaemon, k, vmConfig{}) })
 }
 
 // TestGuestPowerOff: guest `poweroff -f`; QEMU exits 0 and the daemon exits 0
@@ -48,7 +48,7 @@ func TestReferenceDaemonBoot(t *testing.T) {
 		forEachKernel(t, func(t *testing.T, k guestKernel) { scenarioRoundTrip(t, refDaemon, k) })
 	})
 	t.Run("reboot", func(t *testing.T) {
-		forEachKernel(t, func(t *testing.T, k guestKernel) { scenarioReboot(t, refDaemon, k) })
+		forEachKernel(t, func(t *testing.T, k guestKernel) { scenarioReboot(t, refDaemon, k, vmConfig{}) })
 	})
 	t.Run("poweroff", func(t *testing.T) {
 		forEachKernel(t, func(t *testing.T, k guestKernel) { scenarioPowerOff(t, refDaemon, k) })
@@ -214,9 +214,13 @@ func scenarioRoundTrip(t *testing.T, kind daemonKind, k guestKernel) {
 	e.checkBoot(g, 1, inits)
 }
 
-func scenarioReboot(t *testing.T, kind daemonKind, k guestKernel) {
+// scenarioReboot: base sets the QEMU and the ring layout (the zero value:
+// QEMU 7.2, split rings; TestPackedRing asks for packed rings, which both
+// boots must then have negotiated).
+func scenarioReboot(t *testing.T, kind daemonKind, k guestKernel, base vmConfig) {
 	e := newEnv(t, kind, k)
-	v := e.boot("reboot", true)
+	base.Script, base.AllowReboot = "reboot", true
+	v := e.start(base)
 	to := vmTimeout()
 	v.waitConsole(reAsk, 1, to)
 	v.answer("reboot")
@@ -229,6 +233,9 @@ func scenarioReboot(t *testing.T, kind daemonKind, k guestKernel) {
 	e.summarize(v, g)
 	if g.Boots != 2 {
 		t.Fatalf("guest booted %d times, want 2", g.Boots)
+	}
+	if base.Packed {
+		requirePacked(t, v.consoleLines(), 2)
 	}
 	inits := e.inits()
 	if kind == ourDaemon && len(inits) != 2 {

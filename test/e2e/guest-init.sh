@@ -9,6 +9,13 @@
 #
 # Console markers (each on a line of its own; the host test parses them):
 #   E2E-BOOT kernel=K uptime=U         init started
+#   E2E-VIRTIO dev=virtioN device=ID features=BITS
+#                                      one per virtio device, every boot, before the
+#                                      mount: its device id (0x001a: virtio-fs) and the
+#                                      feature bits the driver negotiated, as
+#                                      /sys/bus/virtio/devices/*/features has them (one
+#                                      '0'/'1' per bit, bit 0 first: bit 34 is
+#                                      VIRTIO_F_RING_PACKED)
 #   E2E-STEP-BEGIN NAME                a step starts; its output follows
 #   E2E-STEP NAME rc=N                 the step ended with exit status N
 #   E2E-ASK QUESTION                   the guest waits for one line on the console
@@ -72,6 +79,11 @@ stty -echo </dev/console 2>/dev/null
 if [ -s /e2e/modules.list ]; then
 	step modules sh -c 'for m in $(cat /e2e/modules.list); do insmod /lib/modules/e2e/$m.ko || exit 1; done'
 fi
+
+for _d in /sys/bus/virtio/devices/*; do
+	[ -r "$_d/features" ] || continue
+	echo "E2E-VIRTIO dev=${_d##*/} device=$(cat "$_d/device") features=$(cat "$_d/features")"
+done
 
 if [ "$E2E_MOUNT" = 1 ]; then
 	step mount mount -t virtiofs "$E2E_TAG" /mnt && echo "E2E-MOUNTED tag=$E2E_TAG uptime=$(uptime_s)"

@@ -612,6 +612,12 @@ type vmConfig struct {
 	Timeout     time.Duration
 	DeviceOpts  []string // more vhost-user-fs-pci properties, e.g. num-request-queues=2
 	Tag         string   // virtio-fs tag (default myfs)
+	// Packed asks for packed virtqueues (packed=on on vhost-user-fs-pci;
+	// QEMU 10 only here). QEMU uses them only if the back end offers
+	// VIRTIO_F_RING_PACKED (bit 34) and silently falls back to split rings
+	// otherwise: a test that sets it checks the guest's features
+	// (requirePacked).
+	Packed bool
 	// MemPath backs guest memory with memory-backend-file,mem-path=MemPath
 	// (Kata's /dev/shm) instead of memory-backend-memfd.
 	MemPath string
@@ -681,6 +687,13 @@ func startVM(t *testing.T, dir string, cfg vmConfig) *vm {
 	if tag == "" {
 		tag = "myfs"
 	}
+	devOpts := cfg.DeviceOpts
+	if cfg.Packed {
+		if cfg.QEMU != qemu10 {
+			t.Fatalf("vmConfig.Packed: packed virtqueues are tested under QEMU 10 only (set QEMU: qemu10)")
+		}
+		devOpts = append(slices.Clone(devOpts), "packed=on")
+	}
 	mem := "memory-backend-memfd,id=mem,size=1G,share=on"
 	if cfg.MemPath != "" {
 		mem = "memory-backend-file,id=mem,size=1G,mem-path=" + cfg.MemPath + ",share=on"
@@ -696,7 +709,7 @@ func startVM(t *testing.T, dir string, cfg vmConfig) *vm {
 		"-qmp", "unix:" + qmpPath + ",server=on,wait=off",
 		"-object", mem, "-numa", "node,memdev=mem",
 		"-chardev", "socket,id=c0,path=" + cfg.Sock,
-		"-device", strings.Join(append([]string{"vhost-user-fs-pci,chardev=c0,tag=" + tag + ",queue-size=1024"}, cfg.DeviceOpts...), ","),
+		"-device", strings.Join(append([]string{"vhost-user-fs-pci,chardev=c0,tag=" + tag + ",queue-size=1024"}, devOpts...), ","),
 		"-kernel", cfg.Kernel.Vmlinuz, "-initrd", cfg.Kernel.Initrd,
 		"-append", strings.Join(appendLine, " "),
 	}

@@ -717,14 +717,21 @@ func (m *migEnv) logVhostUser() {
 
 // migrateOnce: boot on src, migrate to dst1 while the guest works, answer,
 // quit src; the guest checks and powers off on dst1 (after a reboot there
-// with e2e.migreboot=1).
+// with e2e.migreboot=1). With cfg.Packed the guest must have negotiated
+// packed rings on src, and dst1's QEMU must run the device on them.
 func (m *migEnv) migrateOnce(srcArgs, dstArgs []string, o migrateOptions) migReport {
 	m.startHop(srcArgs...)
 	m.waitAsk(1)
+	if m.cfg.Packed {
+		requirePacked(m.t, m.con.lines(), 1)
+	}
 	src := m.cur
 	dst := m.startHop(dstArgs...)
 	info := m.migrateTo(dst, o)
 	m.requireStatus(info, "completed")
+	if m.cfg.Packed {
+		requireQEMUPacked(m.t, dst.v)
+	}
 	m.con.answer("completed")
 	m.quitSource(src)
 	m.finish()

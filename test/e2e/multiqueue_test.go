@@ -27,6 +27,25 @@ type mqPhase struct {
 	seqSize   int64 // per job, 1 MiB blocks
 	randSize  int64 // per job, 4 KiB blocks
 	countRing bool  // assert on the per-request debug lines
+	queues    int   // num-request-queues (0: mqQueues)
+	jobs      int   // fio numjobs (0: mqJobs)
+	// packed runs the guest on packed virtqueues (QEMU 10, packed=on;
+	// requirePacked): TestPackedRing.
+	packed bool
+}
+
+func (ph mqPhase) numQueues() int {
+	if ph.queues == 0 {
+		return mqQueues
+	}
+	return ph.queues
+}
+
+func (ph mqPhase) numJobs() int {
+	if ph.jobs == 0 {
+		return mqJobs
+	}
+	return ph.jobs
 }
 
 var mqPhases = []mqPhase{
@@ -77,23 +96,34 @@ func TestMultiqueueFio(t *testing.T) {
 	t.Logf("both boots took %.1fs", time.Since(start).Seconds())
 }
 
+// runMultiqueueFio boots the guest on mq-fio.sh with ph's request queues,
+// fio jobs and ring layout, and checks every pass, the completion
+// interrupts and (countRing) the per-ring request accounting.
 func runMultiqueueFio(t *testing.T, k guestKernel, ph mqPhase) {
 	start := time.Now()
+	queues, jobs := ph.numQueues(), ph.numJobs()
 	e := newEnv(t, ourDaemon, k, "--cache", "never", "--log-level", ph.logLevel)
-	v := e.start(vmConfig{
+	cfg := vmConfig{
 		Script: "mq-fio", Timeout: 3 * time.Minute,
-		DeviceOpts: []string{"num-request-queues=" + strconv.Itoa(mqQueues)},
+		DeviceOpts: []string{"num-request-queues=" + strconv.Itoa(queues)},
 		Append: []string{
-			"e2e.mqjobs=" + strconv.Itoa(mqJobs),
+			"e2e.mqjobs=" + strconv.Itoa(jobs),
 			"e2e.mqseqsize=" + strconv.FormatInt(ph.seqSize>>10, 10) + "k",
 			"e2e.mqrandsize=" + strconv.FormatInt(ph.randSize>>10, 10) + "k",
 		},
-	})
+	}
+	if ph.packed {
+		cfg.QEMU, cfg.Packed = qemu10, true
+	}
+	v := e.start(cfg)
 	v.waitExit()
 	e.daemonExit(v, true)
 	g := parseConsole(v.consoleLines())
-	t.Logf("%s, %d request queues, fio numjobs=%d, daemon --log-level %s: QEMU ran %.1fs (E2E-BOOT at %v, mounted at %v)",
-		k.Version, mqQueues, mqJobs, ph.logLevel, v.exitTime.Sub(v.started).Seconds(), v.markerTimes(reBoot), v.markerTimes(reMounted))
+	t.Logf("%s, %s, %d request queue(s), packed=%s, fio numjobs=%d, daemon --log-level %s: QEMU ran %.1fs (E2E-BOOT at %v, mounted at %v)",
+		k.Version, cfg.QEMU, queues, onOff(ph.packed), jobs, ph.logLevel, v.exitTime.Sub(v.started).Seconds(), v.markerTimes(reBoot), v.markerTimes(reMounted))
+	if ph.packed {
+		requirePacked(t, v.consoleLines(), 1)
+	}
 	for _, l := range e.d.lifecycleLines(t) {
 		t.Logf("  daemon: %s", l)
 	}
@@ -120,8 +150,8 @@ func runMultiqueueFio(t *testing.T, k guestKernel, ph mqPhase) {
 		}
 	}
 	steps := v.stepDurations()
-	t.Logf("fio from %s, %d request queues, numjobs=%d, libaio iodepth 4 per job, O_DIRECT, cache=none, verify=crc32c, daemon --log-level %s (group_reporting):",
-		k.Version, mqQueues, mqJobs, ph.logLevel)
+	t.Logf("fio from %s, %d request queue(s), %s, numjobs=%d, libaio iodepth 4 per job, O_DIRECT, cache=none, verify=crc32c, daemon --log-level %s (group_reporting):",
+		k.Version, queues, ringLayout(v.consoleLines()), jobs, ph.logLevel)
 	for _, j := range []struct {
 		name string
 		size int64
@@ -137,8 +167,8 @@ func runMultiqueueFio(t *testing.T, k guestKernel, ph mqPhase) {
 			case st.RC != 0 || !ok || r.Error != 0:
 				t.Errorf("fio pass %s failed: rc=%d error=%d\n%s", name, st.RC, r.Error, lastLines(st.Output, 20))
 				continue
-			case r.KiB*1024 != j.size*mqJobs:
-				t.Errorf("fio pass %s moved %d KiB, want %d", name, r.KiB, j.size*mqJobs>>10)
+			case r.KiB*1024 != j.size*int64(jobs):
+				t.Errorf("fio pass %s moved %d KiB, want %d", name, r.KiB, j.size*int64(jobs)>>10)
 			}
 			t.Logf("  %-17s %7.1f MiB/s %7.0f IOPS  %6d KiB in %5d ms (step %.1fs)",
 				name, float64(r.BWKiB)/1024, r.IOPS, r.KiB, r.RuntimeMS, steps["fio-"+name].Seconds())
@@ -153,21 +183,24 @@ func runMultiqueueFio(t *testing.T, k guestKernel, ph mqPhase) {
 	for _, l := range irqLines {
 		t.Logf("  guest interrupts during fio: %s", l)
 	}
-	for q := 0; q < mqQueues; q++ {
+	for q := 0; q < queues; q++ {
 		if irqs["requests."+strconv.Itoa(q)] <= 0 {
 			t.Errorf("guest: no completion interrupt on request queue %d (requests.%d) during fio: %v", q, q, irqLines)
 		}
 	}
 	if ph.countRing {
-		checkRings(t, e.d)
+		checkRings(t, e.d, queues, ph.packed)
 	}
 }
 
 // checkRings counts the daemon's per-request debug lines by ring: READs and
-// WRITEs must have arrived on every request ring (queue=1..mqQueues), none
+// WRITEs must have arrived on every request ring (queue=1..queues), none
 // beyond, all succeeded, and each ring's final avail index (GET_VRING_BASE
-// when QEMU stops the device) must equal the requests logged on it.
-func checkRings(t *testing.T, d *daemon) {
+// when QEMU stops the device) must match the requests logged on it: equal
+// on a split ring (below 2^16 requests); on a packed ring (ringStopPacked)
+// the index counts descriptor slots modulo the queue size, with the wrap
+// counter in bit 15.
+func checkRings(t *testing.T, d *daemon, queues int, packed bool) {
 	t.Helper()
 	counts := map[string]map[string]int{} // queue -> opcode -> requests
 	for _, r := range d.fuseRequests(t) {
@@ -179,19 +212,19 @@ func checkRings(t *testing.T, d *daemon) {
 			t.Errorf("daemon: %s on queue %s failed: error=%d (unique %s)", r.Opcode, r.Queue, r.Error, r.Unique)
 		}
 	}
-	var queues []string
+	var seen []string
 	for q := range counts {
-		queues = append(queues, q)
+		seen = append(seen, q)
 	}
-	sort.Strings(queues)
-	t.Logf("FUSE requests per ring (daemon log; queue 0 is hiprio, 1..%d the request queues):", mqQueues)
-	for _, q := range queues {
+	sort.Strings(seen)
+	t.Logf("FUSE requests per ring (daemon log; queue 0 is hiprio, 1..%d the request queues):", queues)
+	for _, q := range seen {
 		t.Logf("  queue=%s: %d READ, %d WRITE, %d in all (%s)", q, counts[q]["READ"], counts[q]["WRITE"], total(counts[q]), opcodeSummary(counts[q]))
-		if n, err := strconv.Atoi(q); err != nil || n < 0 || n > mqQueues {
-			t.Errorf("daemon: %d requests on queue=%s, the device has rings 0..%d", total(counts[q]), q, mqQueues)
+		if n, err := strconv.Atoi(q); err != nil || n < 0 || n > queues {
+			t.Errorf("daemon: %d requests on queue=%s, the device has rings 0..%d", total(counts[q]), q, queues)
 		}
 	}
-	for q := 1; q <= mqQueues; q++ {
+	for q := 1; q <= queues; q++ {
 		c := counts[strconv.Itoa(q)]
 		if c["READ"] == 0 || c["WRITE"] == 0 {
 			t.Errorf("request queue %d (queue=%d) served %d READ and %d WRITE requests, want both > 0: requests were not spread over the rings",
@@ -199,16 +232,49 @@ func checkRings(t *testing.T, d *daemon) {
 		}
 	}
 	bases := ringStopBases(t, d)
-	for q := 0; q <= mqQueues; q++ {
+	for q := 0; q <= queues; q++ {
 		base, ok := bases[q]
 		n := total(counts[strconv.Itoa(q)])
 		switch {
 		case !ok:
 			t.Errorf("queue=%d: no single \"ring stopped\" line in the daemon log", q)
+		case packed:
+			if msg := ringStopPacked(base, n, ringQueueSize); msg != "" {
+				t.Errorf("queue=%d (packed): %s", q, msg)
+			} else {
+				t.Logf("queue=%d (packed): ring stopped at base %#x: avail and used index %d, wrap %d, after %d requests", q, base, base&0x7fff, base>>15&1, n)
+			}
 		case n < 1<<16 && n != base:
 			t.Errorf("queue=%d: ring stopped at avail index %d but the daemon logged %d requests on it", q, base, n)
 		}
 	}
+}
+
+// ringQueueSize is the queue size startVM gives the device (queue-size=1024).
+const ringQueueSize = 1024
+
+// ringStopPacked checks a packed ring's base as GET_VRING_BASE reports it
+// (DESIGN.md §11: bits 0-14 the next avail index, bit 15 the driver's wrap
+// counter, which starts at 1; bits 16-30 the used index, bit 31 the used
+// wrap counter) after n requests. Linux puts every request of more than one
+// buffer in an indirect table (one slot; the device offers
+// INDIRECT_DESC), and a FORGET on the hiprio ring is one buffer: every
+// request took one slot. The ring stops only once every chain it popped
+// is completed, so the used side must equal the avail side. It returns
+// what is wrong, or "".
+func ringStopPacked(base, n, size int) string {
+	avail, wrap := base&0x7fff, base>>15&1
+	used, usedWrap := base>>16&0x7fff, base>>31&1
+	wantAvail, wantWrap := n%size, 1^(n/size)&1
+	switch {
+	case avail != wantAvail || wrap != wantWrap:
+		return fmt.Sprintf("ring stopped at base %#x (avail index %d, wrap %d) but the daemon logged %d requests on it: want avail index %d, wrap %d (one slot a request, queue size %d)",
+			base, avail, wrap, n, wantAvail, wantWrap, size)
+	case used != avail || usedWrap != wrap:
+		return fmt.Sprintf("ring stopped at base %#x with used index %d, wrap %d behind avail index %d, wrap %d: a popped chain was not completed",
+			base, used, usedWrap, avail, wrap)
+	}
+	return ""
 }
 
 // kernelAtLeast reports whether a `uname -r` string is at least major.minor.
@@ -340,11 +406,11 @@ func ringStopBases(t *testing.T, d *daemon) map[int]int {
 			continue
 		}
 		q, err1 := strconv.Atoi(kv["queue"])
-		b, err2 := strconv.Atoi(kv["base"])
+		b, err2 := strconv.ParseInt(kv["base"], 0, 64) // decimal, or 0x... hex
 		if err1 != nil || err2 != nil {
 			continue
 		}
-		bases[q] = b
+		bases[q] = int(b)
 		stops[q]++
 	}
 	for q, n := range stops {

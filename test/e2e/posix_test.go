@@ -148,7 +148,9 @@ func daemonArgs(kind daemonKind) []string {
 	return []string{"--cache", "never", "--xattr"}
 }
 
-func runPosix(t *testing.T, kind daemonKind, k guestKernel) *posixRun {
+// runPosix runs posix.sh against one daemon; base sets the QEMU and the
+// ring layout (the zero value: QEMU 7.2, split rings).
+func runPosix(t *testing.T, kind daemonKind, k guestKernel, base vmConfig) *posixRun {
 	t.Helper()
 	e := newEnv(t, kind, k, daemonArgs(kind)...)
 	listing := filepath.Join(e.shared, "listing")
@@ -163,9 +165,11 @@ func runPosix(t *testing.T, kind daemonKind, k guestKernel) *posixRun {
 		f.Close()
 	}
 	start := time.Now()
-	v := e.start(vmConfig{Script: "posix", Timeout: 8 * time.Minute,
-		Append: []string{"e2e.posixmany=" + strconv.Itoa(posixMany()), "e2e.posixloop=" + strconv.Itoa(posixLoop()),
-			"e2e.posixlisting=" + strconv.Itoa(posixListing)}})
+	cfg := base
+	cfg.Script, cfg.Timeout = "posix", 8*time.Minute
+	cfg.Append = append(slices.Clone(cfg.Append), "e2e.posixmany="+strconv.Itoa(posixMany()), "e2e.posixloop="+strconv.Itoa(posixLoop()),
+		"e2e.posixlisting="+strconv.Itoa(posixListing))
+	v := e.start(cfg)
 	v.waitExit()
 	e.daemonExit(v, true)
 	r := &posixRun{kind: kind, kernel: k, env: e, vm: v, results: map[string]string{},
@@ -185,8 +189,8 @@ func runPosix(t *testing.T, kind daemonKind, k guestKernel) *posixRun {
 			r.times[m[1]], _ = strconv.Atoi(m[2])
 		}
 	}
-	t.Logf("%s on %s: QEMU ran %.1fs (test %.1fs), %d results, %d guest mismatches; logs in %s",
-		kind, k.Version, v.exitTime.Sub(v.started).Seconds(), time.Since(start).Seconds(),
+	t.Logf("%s on %s (%s, %s): QEMU ran %.1fs (test %.1fs), %d results, %d guest mismatches; logs in %s",
+		kind, k.Version, cfg.QEMU, ringLayout(lines), v.exitTime.Sub(v.started).Seconds(), time.Since(start).Seconds(),
 		len(r.results), len(r.mismatch), e.dir)
 	return r
 }
@@ -367,37 +371,50 @@ func TestPosixSideBySide(t *testing.T) {
 	requireE2E(t)
 	requireReference(t)
 	for _, k := range sideBySideKernels(t) {
-		t.Run(k.Version, func(t *testing.T) {
-			var ref, ours *posixRun
-			// With GOVIRTIOFSD_E2E_FULL=1 (10,000 guest-made files: ~3 min a
-			// run) both runs boot at the same time; the guests wait on FUSE
-			// round trips most of the time, so this nearly halves the wall
-			// time, at the price of noisier timings.
-			t.Run("runs", func(t *testing.T) {
-				t.Run("reference", func(t *testing.T) {
-					if fullE2E() {
-						t.Parallel()
-					}
-					ref = runPosix(t, refDaemon, k)
-					checkGuest(t, ref)
-					checkHost(t, ref)
-				})
-				t.Run("govirtiofsd", func(t *testing.T) {
-					if fullE2E() {
-						t.Parallel()
-					}
-					ours = runPosix(t, ourDaemon, k)
-					checkGuest(t, ours)
-					checkHost(t, ours)
-					checkDaemonLog(t, ours)
-				})
-			})
-			if ref == nil || ours == nil {
-				t.Fatal("a run did not complete; nothing to compare")
-			}
-			comparePosix(t, k, ours, ref)
-		})
+		t.Run(k.Version, func(t *testing.T) { posixSideBySide(t, k, vmConfig{}) })
 	}
+}
+
+// posixSideBySide runs posix.sh against the reference and ours on kernel k,
+// checks each run and compares the two. base sets the QEMU and the ring
+// layout of both guests (the zero value: QEMU 7.2, split rings). With
+// base.Packed ours must have negotiated packed rings (requirePacked); the
+// reference C daemon does not offer them, so QEMU gives it split rings
+// (logged): the comparison is then ours on packed rings against the
+// reference on split ones, under the same QEMU and command line.
+func posixSideBySide(t *testing.T, k guestKernel, base vmConfig) {
+	var ref, ours *posixRun
+	// With GOVIRTIOFSD_E2E_FULL=1 (10,000 guest-made files: ~3 min a
+	// run) both runs boot at the same time; the guests wait on FUSE
+	// round trips most of the time, so this nearly halves the wall
+	// time, at the price of noisier timings.
+	t.Run("runs", func(t *testing.T) {
+		t.Run("reference", func(t *testing.T) {
+			if fullE2E() {
+				t.Parallel()
+			}
+			ref = runPosix(t, refDaemon, k, base)
+			checkGuest(t, ref)
+			checkHost(t, ref)
+		})
+		t.Run("govirtiofsd", func(t *testing.T) {
+			if fullE2E() {
+				t.Parallel()
+			}
+			r := runPosix(t, ourDaemon, k, base)
+			if base.Packed {
+				requirePacked(t, r.vm.consoleLines(), 1)
+			}
+			ours = r
+			checkGuest(t, ours)
+			checkHost(t, ours)
+			checkDaemonLog(t, ours)
+		})
+	})
+	if ref == nil || ours == nil {
+		t.Fatal("a run did not complete; nothing to compare")
+	}
+	comparePosix(t, k, ours, ref)
 }
 
 // ---------------------------------------------------------------------------
