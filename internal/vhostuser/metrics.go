@@ -17,6 +17,15 @@ type ringStats struct {
 	completed atomic.Uint64 // pushed to the used ring
 }
 
+// took counts a chain popped, which the guest no longer has waiting. Its
+// one writer is the ring's server holding the runner's lock.
+func (st *ringStats) took() {
+	st.popped.Add(1)
+	if d := st.depth.Load(); d > 0 {
+		st.depth.Store(d - 1)
+	}
+}
+
 func (b *Backend) ringStats(index int) *ringStats {
 	if b.stats == nil {
 		return nil

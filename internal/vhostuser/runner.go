@@ -418,10 +418,7 @@ func (rn *runner) popLocked(s *server) popState {
 		return popEmpty
 	}
 	if rn.stats != nil {
-		rn.stats.popped.Add(1)
-		if d := rn.stats.depth.Load(); d > 0 {
-			rn.stats.depth.Store(d - 1) // one writer: under mu
-		}
+		rn.stats.took()
 	}
 	switch {
 	case err == nil:
