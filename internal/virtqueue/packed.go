@@ -111,7 +111,9 @@ func (q *Queue) setDeviceEvent() {
 	if q.eventIdx {
 		v = packedBase(q.lastAvail, q.availWrap) | eventDesc<<16
 	}
-	atomic.StoreUint32(word32(q.used), v)
+	// A plain aligned store (one MOV, not torn): after a pop nothing must
+	// be ordered behind it, and EnableNotify issues its own full barrier.
+	binary.LittleEndian.PutUint32(q.used, v)
 	q.logUsed(0, 4)
 }
 
