@@ -26,60 +26,46 @@ func TestMalformedRing(t *testing.T) {
 	if packedRings {
 		t.Skip("split-ring malformations; TestMalformedPackedRing covers packed rings")
 	}
-	for _, kind := range vmm.Malformations() {
-		for _, size := range []uint16{128, 1024} {
-			name := kind.String()
-			if size != 128 {
-				name += "-q1024"
+	eachMalformation(t, vmm.Malformations(), opts(), func(t *testing.T, kind vmm.Malformation, d *daemon, dev *vmm.Device, c *fsc) {
+		q := dev.Queue(1)
+		for round := range 3 { // a hostile guest repeats itself
+			ch, err := q.AddMalformed(kind, getattrRequest(c, vmm.IndirectAuto))
+			if err != nil {
+				t.Fatalf("building %v: %v", kind, err)
 			}
-			t.Run(name, func(t *testing.T) {
-				d := startDaemon(t)
-				o := opts()
-				o.Queues, o.QueueSize = 3, size
-				dev := d.connect(o)
-				c := newFS(t, dev, 1)
-				c.mount()
-				q := dev.Queue(1)
-				for round := range 3 { // a hostile guest repeats itself
-					ch, err := q.AddMalformed(kind, getattrRequest(c, vmm.IndirectAuto))
-					if err != nil {
-						t.Fatalf("building %v: %v", kind, err)
-					}
-					if err := q.Kick(); err != nil {
-						t.Fatal(err)
-					}
-					switch kind {
-					case vmm.BadAvailJump:
-						brokenRing(t, d, dev, c, round)
-						continue
-					case vmm.BadHeadOutOfRange:
-						// Nothing to return; the entry is consumed.
-					default:
-						n, err := ch.Wait(opTimeout)
-						if err != nil {
-							t.Fatalf("round %d: %v chain not returned: %v", round, kind, err)
-						}
-						if n != 0 {
-							t.Errorf("round %d: %v chain returned with used len %d, want 0", round, kind, n)
-						}
-					}
-					// The same ring still serves.
-					c.check()
+			if err := q.Kick(); err != nil {
+				t.Fatal(err)
+			}
+			switch kind {
+			case vmm.BadAvailJump:
+				brokenRing(t, d, dev, c, round)
+				continue
+			case vmm.BadHeadOutOfRange:
+				// Nothing to return; the entry is consumed.
+			default:
+				n, err := ch.Wait(opTimeout)
+				if err != nil {
+					t.Fatalf("round %d: %v chain not returned: %v", round, kind, err)
 				}
-				c.roundTrip(d, "after", pattern(int(kind), 20000))
-				newFS(t, dev, 2).check()
-				d.alive()
-				if kind != vmm.BadAvailJump && kind != vmm.BadHeadOutOfRange {
-					noViolations(t, dev)
+				if n != 0 {
+					t.Errorf("round %d: %v chain returned with used len %d, want 0", round, kind, n)
 				}
-				// Logged: as a malformed chain, or (a zero-length header
-				// buffer is harmless to the ring) by the FUSE layer.
-				if kind != vmm.BadAvailJump && d.logCount("malformed chain")+d.logCount("without a complete fuse_in_header") == 0 {
-					t.Errorf("the malformed request was not logged")
-				}
-			})
+			}
+			// The same ring still serves.
+			c.check()
 		}
-	}
+		c.roundTrip(d, "after", pattern(int(kind), 20000))
+		newFS(t, dev, 2).check()
+		d.alive()
+		if kind != vmm.BadAvailJump && kind != vmm.BadHeadOutOfRange {
+			noViolations(t, dev)
+		}
+		// Logged: as a malformed chain, or (a zero-length header
+		// buffer is harmless to the ring) by the FUSE layer.
+		if kind != vmm.BadAvailJump && d.logCount("malformed chain")+d.logCount("without a complete fuse_in_header") == 0 {
+			t.Errorf("the malformed request was not logged")
+		}
+	})
 }
 
 // brokenRing checks the state after an avail index jump (packed: a chain
@@ -252,7 +238,61 @@ func TestMalformedMixedWithValid(t *testing.T) {
 // a slot that is not available, breaks the ring (logged) until it is set
 // up again, while the other rings serve.
 func TestMalformedPackedRing(t *testing.T) {
-	for _, kind := range vmm.PackedMalformations() {
+	eachMalformation(t, vmm.PackedMalformations(), requirePacked(opts()), func(t *testing.T, kind vmm.Malformation, d *daemon, dev *vmm.Device, c *fsc) {
+		q := dev.Queue(1)
+		if !q.Packed() {
+			t.Fatal("ring 1 is not packed")
+		}
+		for round := range 3 {
+			ch, err := q.AddMalformed(kind, getattrRequest(c, vmm.IndirectAuto))
+			if err != nil {
+				t.Fatalf("building %v: %v", kind, err)
+			}
+			if err := q.Kick(); err != nil {
+				t.Fatal(err)
+			}
+			if kind.Reaction() == vmm.RingBroken {
+				brokenRing(t, d, dev, c, round)
+				continue
+			}
+			n, err := ch.Wait(opTimeout)
+			if err != nil {
+				t.Fatalf("round %d: %v chain not returned: %v", round, kind, err)
+			}
+			if orig := ch.Original(); orig != nil {
+				// A reused id: the first request is answered in
+				// full; the second with len 0 if the daemon still
+				// held the first when it read it, else in full.
+				if _, err := orig.Wait(opTimeout); err != nil {
+					t.Fatalf("round %d: the request whose id was reused: %v", round, err)
+				}
+				if n != 0 && n != 16+vmm.FuseAttrOutSize {
+					t.Errorf("round %d: the chain reusing an id returned with used len %d", round, n)
+				}
+			} else if n != 0 {
+				t.Errorf("round %d: %v chain returned with used len %d, want 0", round, kind, n)
+			}
+			c.check() // the same ring still serves
+		}
+		c.roundTrip(d, "after", pattern(int(kind), 20000))
+		newFS(t, dev, 2).check()
+		d.alive()
+		if kind.Reaction() != vmm.RingBroken {
+			noViolations(t, dev)
+		}
+		if kind != vmm.BadDuplicateID && kind.Reaction() != vmm.RingBroken &&
+			d.logCount("malformed chain")+d.logCount("without a complete fuse_in_header") == 0 {
+			t.Errorf("the malformed request was not logged")
+		}
+	})
+}
+
+// eachMalformation runs fn, for each kind and for queues of 128 and 1024
+// entries, on a fresh daemon and a device made with o (3 rings) whose ring
+// 1 carries a mounted session c.
+func eachMalformation(t *testing.T, kinds []vmm.Malformation, o vmm.Options,
+	fn func(t *testing.T, kind vmm.Malformation, d *daemon, dev *vmm.Device, c *fsc)) {
+	for _, kind := range kinds {
 		for _, size := range []uint16{128, 1024} {
 			name := kind.String()
 			if size != 128 {
@@ -260,56 +300,12 @@ func TestMalformedPackedRing(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				d := startDaemon(t)
-				o := requirePacked(opts())
+				o := o
 				o.Queues, o.QueueSize = 3, size
 				dev := d.connect(o)
 				c := newFS(t, dev, 1)
 				c.mount()
-				q := dev.Queue(1)
-				if !q.Packed() {
-					t.Fatal("ring 1 is not packed")
-				}
-				for round := range 3 {
-					ch, err := q.AddMalformed(kind, getattrRequest(c, vmm.IndirectAuto))
-					if err != nil {
-						t.Fatalf("building %v: %v", kind, err)
-					}
-					if err := q.Kick(); err != nil {
-						t.Fatal(err)
-					}
-					if kind.Reaction() == vmm.RingBroken {
-						brokenRing(t, d, dev, c, round)
-						continue
-					}
-					n, err := ch.Wait(opTimeout)
-					if err != nil {
-						t.Fatalf("round %d: %v chain not returned: %v", round, kind, err)
-					}
-					if orig := ch.Original(); orig != nil {
-						// A reused id: the first request is answered in
-						// full; the second with len 0 if the daemon still
-						// held the first when it read it, else in full.
-						if _, err := orig.Wait(opTimeout); err != nil {
-							t.Fatalf("round %d: the request whose id was reused: %v", round, err)
-						}
-						if n != 0 && n != 16+vmm.FuseAttrOutSize {
-							t.Errorf("round %d: the chain reusing an id returned with used len %d", round, n)
-						}
-					} else if n != 0 {
-						t.Errorf("round %d: %v chain returned with used len %d, want 0", round, kind, n)
-					}
-					c.check() // the same ring still serves
-				}
-				c.roundTrip(d, "after", pattern(int(kind), 20000))
-				newFS(t, dev, 2).check()
-				d.alive()
-				if kind.Reaction() != vmm.RingBroken {
-					noViolations(t, dev)
-				}
-				if kind != vmm.BadDuplicateID && kind.Reaction() != vmm.RingBroken &&
-					d.logCount("malformed chain")+d.logCount("without a complete fuse_in_header") == 0 {
-					t.Errorf("the malformed request was not logged")
-				}
+				fn(t, kind, d, dev, c)
 			})
 		}
 	}
