@@ -540,7 +540,7 @@ func (sr *SuiteResult) Print(out io.Writer) {
 	}
 	tw.Flush()
 
-	sr.printPacked(out)
+	sr.printPairs(out)
 	sr.printCeiling(out)
 
 	fmt.Fprintf(out, "\nLatency p50 / p99 (submission to reap) of the run with the median rate; p99 ratio = the median over rounds\n"+
@@ -725,11 +725,17 @@ func PackedConfigs() []Config {
 	}
 }
 
-// printPacked compares ours on packed rings with ours on split rings, if
+// printPairs compares configurations two by two, for the pairs of which
 // both ran: throughput (medians, and paired by round) and daemon CPU per
-// request.
-func (sr *SuiteResult) printPacked(out io.Writer) {
-	pairs := [][2]string{{"packed", "ours"}, {"packed-2q", "ours-2q"}}
+// request. An A/B run (-alt) reads the second table: ours / alt.
+func (sr *SuiteResult) printPairs(out io.Writer) {
+	sr.printPair(out, "Packed rings / split rings, ours with default settings",
+		[][2]string{{"packed", "ours"}, {"packed-2q", "ours-2q"}})
+	sr.printPair(out, "This build / the -alt build, default settings",
+		[][2]string{{"ours", "alt"}, {"ours-2q", "alt-2q"}})
+}
+
+func (sr *SuiteResult) printPair(out io.Writer, title string, pairs [][2]string) {
 	var have [][2]string
 	for _, p := range pairs {
 		if slices.ContainsFunc(sr.Opts.Configs, func(c Config) bool { return c.Name == p[0] }) &&
@@ -740,8 +746,8 @@ func (sr *SuiteResult) printPacked(out io.Writer) {
 	if len(have) == 0 {
 		return
 	}
-	fmt.Fprintf(out, "\nPacked rings / split rings, ours with default settings: throughput (medians; paired by round)\n"+
-		"and daemon CPU µs per request (packed, split, ratio)\n\n")
+	fmt.Fprintf(out, "\n%s: throughput (medians; paired by round)\n"+
+		"and daemon CPU µs per request (first, second, ratio)\n\n", title)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	hdr := []string{"workload"}
 	for _, p := range have {
