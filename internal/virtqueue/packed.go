@@ -181,7 +181,7 @@ func (q *Queue) packedPop(c *DescChain) (bool, error) {
 		tok |= untracked // more in flight than slots: a driver reusing slots early
 	}
 	q.mu.Unlock()
-	c.id, c.Token = id, tok
+	c.Token = tok
 	if bad != nil {
 		return true, fmt.Errorf("%w: buffer id %d at slot %d: %v", ErrBadChain, id, start, bad)
 	}

@@ -231,17 +231,6 @@ func (q *Queue) Seen() bool {
 	return q.seenAvail != q.lastAvail
 }
 
-// Pending reports whether the guest has published chains not yet popped.
-func (q *Queue) Pending() bool {
-	if q.broken {
-		return false
-	}
-	if q.packed {
-		return q.packedAvailable()
-	}
-	return q.loadAvailIdx() != q.lastAvail
-}
-
 // Waiting returns how many chains the guest has published and the device
 // not yet taken, read afresh from the ring, counting no further than limit
 // (a packed ring is walked to count them).
@@ -266,25 +255,6 @@ func (q *Queue) EnableNotify() bool {
 		return q.packedEnableNotify()
 	}
 	return q.splitEnableNotify()
-}
-
-// Pop takes the next available chain into c. It returns false with a nil
-// error when the ring is empty. On ErrBadChain the chain's Token is in c
-// and must be pushed back (with length 0); on ErrBadHead the entry was
-// consumed and there is nothing to push. Without guest memory (mem nil) it
-// returns false with an error and consumes nothing.
-func (q *Queue) Pop(c *DescChain, mem *GuestMemory) (bool, error) {
-	if q.broken {
-		return false, ErrBroken
-	}
-	if mem == nil {
-		// Nothing to translate buffers with: leave the entry for later.
-		return false, errors.New("virtqueue: Pop without guest memory")
-	}
-	if _, err := q.Snapshot(); err != nil {
-		return false, err
-	}
-	return q.PopSeen(c, mem)
 }
 
 // Snapshot looks at what the guest has published and reports whether
@@ -340,21 +310,6 @@ func (q *Queue) push(tok Token, n uint32) {
 	} else {
 		q.splitPush(tok, n)
 	}
-}
-
-// PushNotify pushes one chain and signals the guest if it asked for it.
-func (q *Queue) PushNotify(tok Token, n uint32) error {
-	if !q.pushDecide(tok, n) {
-		return nil
-	}
-	return q.signal()
-}
-
-func (q *Queue) pushDecide(tok Token, n uint32) bool {
-	q.mu.Lock()
-	defer q.mu.Unlock() // deferred: a fault on guest memory must not leave it held
-	q.push(tok, n)
-	return q.needNotify()
 }
 
 // Notify signals the guest if it asked to be told about the used entries

@@ -90,7 +90,7 @@ func (q *Queue) splitPop(c *DescChain) (bool, error) {
 		binary.LittleEndian.PutUint16(q.used[off:], q.lastAvail)
 		q.logUsed(uint64(off), 2)
 	}
-	c.id, c.Token = head, Token(head)
+	c.Token = Token(head)
 	if head >= q.size {
 		return true, fmt.Errorf("%w: head %d, ring size %d", ErrBadHead, head, q.size)
 	}
