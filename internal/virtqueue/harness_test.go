@@ -314,10 +314,13 @@ func (q *Queue) Pending() bool {
 	if q.broken {
 		return false
 	}
-	if q.packed {
-		return q.packedAvailable()
+	switch r := q.ring.(type) {
+	case *packedRing:
+		return r.pending()
+	case *splitRing:
+		return r.pending()
 	}
-	return q.loadAvailIdx() != q.lastAvail
+	panic("closed queue")
 }
 
 // ID returns the chain's head index (split) or buffer id (packed): the low
