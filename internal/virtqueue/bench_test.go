@@ -23,13 +23,11 @@ func benchTable(pages int) []pdesc {
 	return append(t, pdesc{dataGPA + 0x80, 16, descWrite}, pdesc{dataGPA + 0xa0, 8, descWrite})
 }
 
-// benchSplit opens a split ring holding the request of benchTable at
-// descriptor 0 and returns it with a function that publishes that request
-// once more.
-func benchSplit(b *testing.B, g *guest, pages int) (*Queue, func()) {
+// benchSplit lays out a split ring holding the request of benchTable at
+// descriptor 0 and returns the ring's Config with a function that publishes
+// that request once more.
+func benchSplit(g *guest, pages int) (Config, func()) {
 	r := newRing(g, benchQ)
-	r.indirect, r.eventIdx = true, true
-	q := r.open(b)
 	var table []desc
 	for i, d := range benchTable(pages) {
 		table = append(table, desc{d.addr, d.len, d.flags | descNext, uint16(i + 1)})
@@ -39,7 +37,7 @@ func benchSplit(b *testing.B, g *guest, pages int) (*Queue, func()) {
 	r.setDesc(0, desc{tablesGPA, uint32(descSize * len(table)), descIndirect, 0})
 	availRing := g.host(r.avail, 4+2*benchQ)
 	idx := uint16(0)
-	return q, func() {
+	return r.config(), func() {
 		binary.LittleEndian.PutUint16(availRing[4+2*int(idx%benchQ):], 0)
 		idx++
 		binary.LittleEndian.PutUint16(availRing[2:4], idx)
@@ -48,10 +46,8 @@ func benchSplit(b *testing.B, g *guest, pages int) (*Queue, func()) {
 
 // benchPacked is benchSplit on a packed ring: the same indirect table, one
 // slot per request, made available in a loop that laps the ring.
-func benchPacked(b *testing.B, g *guest, pages int) (*Queue, func()) {
+func benchPacked(g *guest, pages int) (Config, func()) {
 	r := newPring(g, benchQ)
-	r.indirect, r.eventIdx = true, true
-	q := r.open(b)
 	var table []byte
 	for _, d := range benchTable(pages) {
 		table = append(table, d.bytes(0, d.flags)...)
@@ -59,7 +55,7 @@ func benchPacked(b *testing.B, g *guest, pages int) (*Queue, func()) {
 	g.write(tablesGPA, table)
 	ring := g.host(ringDesc, descSize*benchQ)
 	slot, wrap := 0, true
-	return q, func() {
+	return r.config(), func() {
 		copy(ring[slot*descSize:], pdesc{tablesGPA, uint32(len(table)), descIndirect}.bytes(uint16(slot), descIndirect|availFlags(wrap)))
 		if slot++; slot == benchQ {
 			slot, wrap = 0, !wrap
@@ -75,7 +71,9 @@ func benchRequests(b *testing.B, packed bool, pages int, serve func(b *testing.B
 	if packed {
 		open = benchPacked
 	}
-	q, publish := open(b, g, pages)
+	cfg, publish := open(g, pages)
+	cfg.Indirect, cfg.EventIdx = true, true
+	q := openQueue(b, cfg, g.mem)
 	c := NewDescChain(benchQ)
 	b.SetBytes(int64(pages * 4096))
 	b.ReportAllocs()

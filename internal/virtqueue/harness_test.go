@@ -211,7 +211,13 @@ func (r *ring) config() Config {
 // open creates the device side of the ring.
 func (r *ring) open(t testing.TB) *Queue {
 	t.Helper()
-	q, err := New(r.config(), r.g.mem)
+	return openQueue(t, r.config(), r.g.mem)
+}
+
+// openQueue creates the device side of a ring, closed when the test ends.
+func openQueue(t testing.TB, cfg Config, mem *GuestMemory) *Queue {
+	t.Helper()
+	q, err := New(cfg, mem)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -638,6 +638,15 @@ func eventfd(t *testing.T) (int, func() uint64) {
 	}
 }
 
+// signals installs a call eventfd on q and returns a function that reads
+// (and resets) the count of signals on it.
+func signals(t *testing.T, q *Queue) func() uint64 {
+	t.Helper()
+	fd, count := eventfd(t)
+	q.SetCall(fd)
+	return count
+}
+
 func TestEventIdx(t *testing.T) {
 	g := newGuest(t)
 	r := newRing(g, 8)
@@ -765,8 +774,7 @@ func TestEventIdxFirstNotify(t *testing.T) {
 	r.setUsedEvent(3) // ...but the guest has seen only 3
 	r.availIdx = 5
 	q := r.open(t)
-	fd, count := eventfd(t)
-	q.SetCall(fd)
+	count := signals(t, q)
 	c := NewDescChain(8)
 	r.setDesc(0, desc{dataGPA, 8, 0, 0})
 	r.publish(0)
@@ -789,8 +797,7 @@ func TestNoInterrupt(t *testing.T) {
 	g := newGuest(t)
 	r := newRing(g, 8)
 	q := r.open(t)
-	fd, count := eventfd(t)
-	q.SetCall(fd)
+	count := signals(t, q)
 	c := NewDescChain(8)
 	r.setDesc(0, desc{dataGPA, 8, 0, 0})
 	r.setAvailEvent(0x1234)
@@ -835,8 +842,7 @@ func TestConcurrentPush(t *testing.T) {
 	r := newRing(g, Q)
 	r.eventIdx = true
 	q := r.open(t)
-	fd, count := eventfd(t)
-	q.SetCall(fd)
+	count := signals(t, q)
 	r.setUsedEvent(0)
 	var wg sync.WaitGroup
 	for w := range 4 {
