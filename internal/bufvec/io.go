@@ -63,16 +63,17 @@ const (
 
 // WriteTo writes the next n bytes after the cursor to fd at file offset off
 // with pwritev straight from guest memory, looping on short writes and
-// splitting at IOV_MAX, and advances the cursor by what was written. It
-// stops early, with ErrUnmapped, at an unmapped segment; the bytes before it
-// are written and counted.
+// splitting at IOV_MAX, and advances the cursor by what was written.
+// Unmapped segments go through the Bouncer; without one it stops early,
+// with ErrUnmapped, at the first, the bytes before it written and counted.
 func (v *Vec) WriteTo(fd int, off int64, n int, wait Wait) (int, error) {
 	return v.transfer(fd, off, n, wait, false)
 }
 
 // ReadFrom reads up to n bytes from fd at file offset off into the segments
 // after the cursor with preadv, looping on short reads until n bytes or end
-// of file, and advances the cursor by what was read.
+// of file, and advances the cursor by what was read. Unmapped segments are
+// handled as by WriteTo.
 func (v *Vec) ReadFrom(fd int, off int64, n int, wait Wait) (int, error) {
 	return v.transfer(fd, off, n, wait, true)
 }

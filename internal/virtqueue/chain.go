@@ -13,8 +13,8 @@ const regionSplits = 64
 
 // DescChain is one popped request: the Token to push it back with and its
 // device-readable and device-writable buffers as guest memory segments. A
-// DescChain is allocated once per queue consumer and reused for every
-// chain.
+// DescChain is allocated once per consumer of a ring and reused for every
+// chain it pops.
 type DescChain struct {
 	Token    Token
 	Readable *bufvec.Vec

@@ -281,11 +281,9 @@ func lastAvail(q *Queue) uint16 { return uint16(q.Base()) }
 // Calls only the tests make: the daemon pops with Snapshot and PopSeen and
 // pushes and notifies in two steps (internal/vhostuser's runner).
 
-// Pop takes the next available chain into c. It returns false with a nil
-// error when the ring is empty. On ErrBadChain the chain's Token is in c
-// and must be pushed back (with length 0); on ErrBadHead the entry was
-// consumed and there is nothing to push. Without guest memory (mem nil) it
-// returns false with an error and consumes nothing.
+// Pop is Snapshot and PopSeen in one call: it takes the next available
+// chain into c, if there is one, and fails as PopSeen does. Without guest
+// memory (mem nil) it fails before looking at the ring.
 func (q *Queue) Pop(c *DescChain, mem *GuestMemory) (bool, error) {
 	if q.broken {
 		return false, ErrBroken

@@ -216,7 +216,8 @@ func (g *GuestMemory) userRange(uva, n uint64) ([]byte, uint64, bool) {
 }
 
 // MemoryMap holds the current GuestMemory. The front end's thread replaces
-// it; queue goroutines take references to it per request.
+// it; the goroutines serving rings take references on the table current
+// when they translate chains.
 type MemoryMap struct {
 	cur atomic.Pointer[GuestMemory]
 }

@@ -9,9 +9,9 @@
 // layout can answer: whether chains wait and how many, an opaque Token to
 // return a chain with, and a 32-bit ring base for GET_VRING_BASE (the split
 // ring's next avail index; the packed ring's next avail and used indices
-// with both wrap counters). A Queue (this file) holds what both layouts
-// share: the size and features, the reference on guest memory, dirty
-// logging of the ring's own writes, the producer lock, the first
+// with both wrap counters). The Queue, in this file, holds what both
+// layouts share: the size and features, the reference on guest memory,
+// dirty logging of the ring's own writes, the producer lock, the first
 // notification decision and the call eventfd. Behind it a layout, splitRing
 // (split.go) or packedRing (packed.go), owns the rest: its memory areas, its
 // indices and the arithmetic on them.
@@ -102,8 +102,8 @@ type Config struct {
 // it back.
 type Token uint64
 
-// Queue is one ring. Snapshot, PopSeen, Waiting and EnableNotify are for a
-// single consumer goroutine; Push and Notify may run concurrently from
+// Queue is one ring. Snapshot, PopSeen, Seen, Waiting and EnableNotify are
+// for one consumer at a time; Push and Notify may run concurrently from
 // several goroutines (they serialize on a lock private to this ring).
 type Queue struct {
 	size          uint16
