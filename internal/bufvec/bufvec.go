@@ -167,31 +167,16 @@ func (v *Vec) advance(n int) {
 
 // ReadFull copies len(p) bytes from the cursor into p and advances the
 // cursor. Nothing is consumed on error.
-func (v *Vec) ReadFull(p []byte) error {
-	if len(p) > v.Len() {
-		return ErrShort
-	}
-	if err := v.checkMapped(len(p)); err != nil {
-		return err
-	}
-	seg, off := v.seg, v.off
-	for n := 0; n < len(p); {
-		s := v.segs[seg].Buf[off:]
-		c := copy(p[n:], s)
-		n += c
-		off += c
-		if off == len(v.segs[seg].Buf) {
-			seg++
-			off = 0
-		}
-	}
-	v.advance(len(p))
-	return nil
-}
+func (v *Vec) ReadFull(p []byte) error { return v.copyFull(p, false) }
 
 // WriteFull copies p into the segments at the cursor and advances the
 // cursor. Nothing is written on error.
-func (v *Vec) WriteFull(p []byte) error {
+func (v *Vec) WriteFull(p []byte) error { return v.copyFull(p, true) }
+
+// copyFull copies between p and the len(p) bytes at the cursor, into the
+// segments if toGuest, and advances the cursor. It checks first that the
+// bytes are there and mapped, so that it fails having copied nothing.
+func (v *Vec) copyFull(p []byte, toGuest bool) error {
 	if len(p) > v.Len() {
 		return ErrShort
 	}
@@ -201,7 +186,12 @@ func (v *Vec) WriteFull(p []byte) error {
 	seg, off := v.seg, v.off
 	for n := 0; n < len(p); {
 		s := v.segs[seg].Buf[off:]
-		c := copy(s, p[n:])
+		var c int
+		if toGuest {
+			c = copy(s, p[n:])
+		} else {
+			c = copy(p[n:], s)
+		}
 		n += c
 		off += c
 		if off == len(v.segs[seg].Buf) {
@@ -209,7 +199,7 @@ func (v *Vec) WriteFull(p []byte) error {
 			off = 0
 		}
 	}
-	v.advance(len(p))
+	v.seg, v.off, v.pos = seg, off, v.pos+len(p) // advanced by len(p)
 	return nil
 }
 

@@ -74,6 +74,14 @@ func FuzzCursor(f *testing.F) {
 			}
 			return b % (len(model) + 2)
 		}
+		// position reads an absolute position: -1, or up to two past
+		// the end.
+		position := func() int {
+			if b := next(); b != 255 {
+				return b % (len(model) + 3)
+			}
+			return -1
+		}
 		// expect is the model's verdict for a copy of n bytes at pos.
 		expect := func(at, n int) error {
 			if n < 0 || at < 0 || at+n > len(model) {
@@ -106,6 +114,19 @@ func FuzzCursor(f *testing.F) {
 			if !errors.Is(got, want) || (want == nil && got != nil) {
 				t.Fatalf("%s at %d: %v, model says %v", op, pos, got, want)
 			}
+		}
+		// refused reports whether a transfer of n bytes at the cursor
+		// asked for more than there is, and then that it was refused
+		// with ErrShort, having moved nothing.
+		refused := func(op string, n, moved int, err error) bool {
+			t.Helper()
+			if n >= 0 && pos+n <= len(model) {
+				return false
+			}
+			if moved != 0 || !errors.Is(err, ErrShort) {
+				t.Fatalf("%s(%d) at %d: %d %v, want ErrShort", op, n, pos, moved, err)
+			}
+			return true
 		}
 
 		for steps := 0; len(prog) > 0 && steps < 200; steps++ {
@@ -151,12 +172,7 @@ func FuzzCursor(f *testing.F) {
 					pos += n
 				}
 			case 3: // Seek
-				to := next()
-				if to == 255 {
-					to = -1
-				} else {
-					to %= len(model) + 3
-				}
+				to := position()
 				err := v.Seek(to)
 				want := error(nil)
 				if to < 0 || to > len(model) {
@@ -167,12 +183,7 @@ func FuzzCursor(f *testing.F) {
 					pos = to
 				}
 			case 4: // WriteAt
-				at := next()
-				if at == 255 {
-					at = -1
-				} else {
-					at %= len(model) + 3
-				}
+				at := position()
 				n := next() % (len(model) + 2)
 				p := pattern(n, next())
 				err := v.WriteAt(p, at)
@@ -232,10 +243,7 @@ func FuzzCursor(f *testing.F) {
 				}
 				wait := Wait(n%2 == 0) // both syscall modes
 				w, err := v.WriteTo(fd, off, n, wait)
-				if n < 0 || pos+n > len(model) {
-					if w != 0 || !errors.Is(err, ErrShort) {
-						t.Fatalf("WriteTo(%d) at %d: %d %v, want ErrShort", n, pos, w, err)
-					}
+				if refused("WriteTo", n, w, err) {
 					break
 				}
 				k := mappedRun(pos, n)
@@ -268,10 +276,7 @@ func FuzzCursor(f *testing.F) {
 				}
 				wait := Wait(n%2 == 0) // both syscall modes
 				r, err := v.ReadFrom(fd, off, n, wait)
-				if n < 0 || pos+n > len(model) {
-					if r != 0 || !errors.Is(err, ErrShort) {
-						t.Fatalf("ReadFrom(%d) at %d: %d %v, want ErrShort", n, pos, r, err)
-					}
+				if refused("ReadFrom", n, r, err) {
 					break
 				}
 				avail := max(size-int(off), 0)

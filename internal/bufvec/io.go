@@ -63,70 +63,57 @@ const (
 
 // WriteTo writes the next n bytes after the cursor to fd at file offset off
 // with pwritev straight from guest memory, looping on short writes and
-// splitting at IOV_MAX, and advances the cursor by what was written. It
-// stops early, with ErrUnmapped, at an unmapped segment; the bytes before it
-// are written and counted.
+// splitting at IOV_MAX, and advances the cursor by what was written.
+// Unmapped segments go through the Bouncer; without one it stops early,
+// with ErrUnmapped, at the first, the bytes before it written and counted.
 func (v *Vec) WriteTo(fd int, off int64, n int, wait Wait) (int, error) {
-	if n < 0 || n > v.Len() {
-		return 0, ErrShort
-	}
-	done := 0
-	for done < n {
-		covered := v.fill(n - done)
-		if covered == 0 {
-			b, err := v.bounce(fd, off+int64(done), n-done, false)
-			done += b
-			if err != nil || b == 0 {
-				return done, err
-			}
-			continue
-		}
-		w, err := vectored(unix.SYS_PWRITEV, fd, v.iov.v, off+int64(done), wait)
-		if w > 0 {
-			v.advance(w)
-			done += w
-		}
-		if err != nil {
-			return done, err
-		}
-		if w == 0 {
-			return done, unix.EIO // a regular file never accepts 0 bytes of n>0
-		}
-	}
-	return done, nil
+	return v.transfer(fd, off, n, wait, false)
 }
 
 // ReadFrom reads up to n bytes from fd at file offset off into the segments
 // after the cursor with preadv, looping on short reads until n bytes or end
-// of file, and advances the cursor by what was read.
+// of file, and advances the cursor by what was read. Unmapped segments are
+// handled as by WriteTo.
 func (v *Vec) ReadFrom(fd int, off int64, n int, wait Wait) (int, error) {
+	return v.transfer(fd, off, n, wait, true)
+}
+
+// transfer is ReadFrom (toGuest) or WriteTo: it moves the next n bytes
+// after the cursor, a run of mapped segments at a time with one vectored
+// call or a run of unmapped ones through the Bouncer, until all are moved
+// or a step moves nothing: the end of the file for a read, EIO for a write
+// to the file (one never takes 0 bytes of n > 0), and for a bounce
+// whatever the VMM answered.
+func (v *Vec) transfer(fd int, off int64, n int, wait Wait, toGuest bool) (int, error) {
 	if n < 0 || n > v.Len() {
 		return 0, ErrShort
 	}
+	trap := uintptr(unix.SYS_PWRITEV)
+	if toGuest {
+		trap = unix.SYS_PREADV
+	}
 	done := 0
 	for done < n {
+		var k int
+		var err error
 		covered := v.fill(n - done)
 		if covered == 0 {
-			b, err := v.bounce(fd, off+int64(done), n-done, true)
-			done += b
-			if err != nil {
-				return done, err
+			k, err = v.bounce(fd, off+int64(done), n-done, toGuest) // advances the cursor
+		} else {
+			k, err = vectored(trap, fd, v.iov.v, off+int64(done), wait)
+			if k > 0 {
+				v.advance(k)
 			}
-			if b == 0 {
-				break // end of file
-			}
-			continue
 		}
-		r, err := vectored(unix.SYS_PREADV, fd, v.iov.v, off+int64(done), wait)
-		if r > 0 {
-			v.advance(r)
-			done += r
-		}
+		done += k
 		if err != nil {
 			return done, err
 		}
-		if r == 0 {
-			break // end of file
+		if k == 0 {
+			if covered > 0 && !toGuest {
+				return done, unix.EIO
+			}
+			break
 		}
 	}
 	return done, nil

@@ -13,14 +13,13 @@ const regionSplits = 64
 
 // DescChain is one popped request: the Token to push it back with and its
 // device-readable and device-writable buffers as guest memory segments. A
-// DescChain is allocated once per queue consumer and reused for every
-// chain.
+// DescChain is allocated once per consumer of a ring and reused for every
+// chain it pops.
 type DescChain struct {
 	Token    Token
 	Readable *bufvec.Vec
 	Writable *bufvec.Vec
 
-	id   uint16 // split: head index; packed: buffer id
 	size uint16 // ring size the chain was built for
 	// allowUnmapped keeps buffers outside guest memory as unmapped
 	// segments instead of refusing the chain (the bounce path is usable).
@@ -46,15 +45,8 @@ func NewDescChain(size uint16) *DescChain {
 // Cap returns the ring size the chain was built for.
 func (c *DescChain) Cap() int { return int(c.size) }
 
-// Memory returns the table the chain's segments point into.
-func (c *DescChain) Memory() *GuestMemory { return c.mem }
-
-// ID returns the chain's head index (split) or buffer id (packed), for
-// logs and tests.
-func (c *DescChain) ID() uint16 { return c.id }
-
 func (c *DescChain) reset(mem *GuestMemory) {
-	c.Token, c.id = 0, 0
+	c.Token = 0
 	c.mem = mem
 	c.Readable.Reset()
 	c.Writable.Reset()

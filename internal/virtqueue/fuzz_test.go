@@ -21,6 +21,56 @@ import (
 //	         the GPA-adjacent region B.
 const fuzzTableGPA = gpaB - 0x100
 
+// fuzzInput is a fuzz input read as a header of fixed bytes, read by index,
+// then areas taken in order; missing bytes read as zero.
+type fuzzInput struct {
+	data []byte // the whole input
+	rest []byte // what follows the header and the areas taken so far
+}
+
+func newFuzzInput(data []byte, header int) *fuzzInput {
+	return &fuzzInput{data: data, rest: data[min(header, len(data)):]}
+}
+
+// at returns header byte i.
+func (in *fuzzInput) at(i int) byte {
+	if i < len(in.data) {
+		return in.data[i]
+	}
+	return 0
+}
+
+// take returns the next n bytes after the header.
+func (in *fuzzInput) take(n int) []byte {
+	b := make([]byte, n)
+	c := copy(b, in.rest)
+	in.rest = in.rest[c:]
+	return b
+}
+
+// checkSegments fails t unless each side of c holds at most maxSegs
+// segments, each of them mapped guest memory at its own address.
+func checkSegments(t *testing.T, g *guest, c *DescChain, maxSegs int) {
+	t.Helper()
+	for _, v := range [][]bufvec.Segment{c.Readable.Segments(), c.Writable.Segments()} {
+		if len(v) > maxSegs {
+			t.Fatalf("%d segments, limit %d", len(v), maxSegs)
+		}
+		for i := range v {
+			s := &v[i]
+			if s.Len == 0 || !s.Mapped() || len(s.Buf) != int(s.Len) || cap(s.Buf) != int(s.Len) {
+				t.Fatalf("bad segment %#x+%#x (buf %d, cap %d)", s.GPA, s.Len, len(s.Buf), cap(s.Buf))
+			}
+			if !g.inside(s.Buf) {
+				t.Fatalf("segment %#x+%#x outside guest memory", s.GPA, s.Len)
+			}
+			if b, ok := g.mem.Slice(s.GPA, uint64(s.Len)); !ok || !sameBytes(b, s.Buf) {
+				t.Fatalf("segment %#x+%#x is not the guest memory at its address", s.GPA, s.Len)
+			}
+		}
+	}
+}
+
 type fuzzRing struct {
 	features   byte
 	log2       byte
@@ -105,24 +155,12 @@ func FuzzChainWalk(f *testing.F) {
 	}
 	g := newGuest(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		in := func(i int) byte {
-			if i < len(data) {
-				return data[i]
-			}
-			return 0
-		}
-		size := uint16(1) << ((in(0) >> 2 & 0xf) % 9)
+		in := newFuzzInput(data, 6)
+		size := uint16(1) << ((in.at(0) >> 2 & 0xf) % 9)
 		Q := int(size)
-		base := uint16(in(1)) | uint16(in(2))<<8
-		delta := uint16(in(3))
-		usedEvent := uint16(in(4)) | uint16(in(5))<<8
-		rest := data[min(6, len(data)):]
-		take := func(n int) []byte {
-			b := make([]byte, n)
-			c := copy(b, rest)
-			rest = rest[c:]
-			return b
-		}
+		base := uint16(in.at(1)) | uint16(in.at(2))<<8
+		delta := uint16(in.at(3))
+		usedEvent := uint16(in.at(4)) | uint16(in.at(5))<<8
 
 		g.t = t
 		// Start from the same memory every time: the fuzz may point
@@ -131,14 +169,14 @@ func FuzzChainWalk(f *testing.F) {
 		g.write(ringAvail, make([]byte, 6+2*256))
 		g.write(ringUsed, make([]byte, 6+8*256))
 		r := newRing(g, size)
-		r.indirect = in(0)&1 != 0
-		r.eventIdx = in(0)&2 != 0
+		r.indirect = in.at(0)&1 != 0
+		r.eventIdx = in.at(0)&2 != 0
 		r.availIdx = base
-		g.write(r.desc, take(16*Q))
-		g.write(r.avail+4, take(2*Q))
+		g.write(r.desc, in.take(16*Q))
+		g.write(r.avail+4, in.take(2*Q))
 		r.setAvailIdx(base + delta)
 		r.setUsedEvent(usedEvent)
-		table := take(min(len(rest), 16*256+16))
+		table := in.take(min(len(in.rest), 16*256+16))
 		g.write(fuzzTableGPA, table)
 		defer g.write(fuzzTableGPA, make([]byte, len(table)))
 
@@ -192,23 +230,7 @@ func FuzzChainWalk(f *testing.F) {
 			if err != nil {
 				continue // the segments of a refused chain are not used
 			}
-			for _, v := range [][]bufvec.Segment{c.Readable.Segments(), c.Writable.Segments()} {
-				if len(v) > maxSegs {
-					t.Fatalf("%d segments, limit %d", len(v), maxSegs)
-				}
-				for i := range v {
-					s := &v[i]
-					if s.Len == 0 || !s.Mapped() || len(s.Buf) != int(s.Len) || cap(s.Buf) != int(s.Len) {
-						t.Fatalf("bad segment %#x+%#x (buf %d, cap %d)", s.GPA, s.Len, len(s.Buf), cap(s.Buf))
-					}
-					if !g.inside(s.Buf) {
-						t.Fatalf("segment %#x+%#x outside guest memory", s.GPA, s.Len)
-					}
-					if b, ok := g.mem.Slice(s.GPA, uint64(s.Len)); !ok || !sameBytes(b, s.Buf) {
-						t.Fatalf("segment %#x+%#x is not the guest memory at its address", s.GPA, s.Len)
-					}
-				}
-			}
+			checkSegments(t, g, c, maxSegs)
 			c.Release()
 		}
 		if err := q.Notify(); err != nil {

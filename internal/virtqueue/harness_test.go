@@ -2,6 +2,7 @@ package virtqueue
 
 import (
 	"encoding/binary"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"unsafe"
@@ -210,7 +211,13 @@ func (r *ring) config() Config {
 // open creates the device side of the ring.
 func (r *ring) open(t testing.TB) *Queue {
 	t.Helper()
-	q, err := New(r.config(), r.g.mem)
+	return openQueue(t, r.config(), r.g.mem)
+}
+
+// openQueue creates the device side of a ring, closed when the test ends.
+func openQueue(t testing.TB, cfg Config, mem *GuestMemory) *Queue {
+	t.Helper()
+	q, err := New(cfg, mem)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -270,3 +277,71 @@ func (r *ring) setAvailEvent(v uint16) {
 
 // lastAvail is a split ring's next avail index, from its base.
 func lastAvail(q *Queue) uint16 { return uint16(q.Base()) }
+
+// Calls only the tests make: the daemon pops with Snapshot and PopSeen and
+// pushes and notifies in two steps (internal/vhostuser's runner).
+
+// Pop is Snapshot and PopSeen in one call: it takes the next available
+// chain into c, if there is one, and fails as PopSeen does. Without guest
+// memory (mem nil) it fails before looking at the ring.
+func (q *Queue) Pop(c *DescChain, mem *GuestMemory) (bool, error) {
+	if q.broken {
+		return false, ErrBroken
+	}
+	if mem == nil {
+		// Nothing to translate buffers with: leave the entry for later.
+		return false, errors.New("virtqueue: Pop without guest memory")
+	}
+	if _, err := q.Snapshot(); err != nil {
+		return false, err
+	}
+	return q.PopSeen(c, mem)
+}
+
+// PushNotify pushes one chain and signals the guest if it asked for it.
+func (q *Queue) PushNotify(tok Token, n uint32) error {
+	if !q.pushDecide(tok, n) {
+		return nil
+	}
+	return q.signal()
+}
+
+func (q *Queue) pushDecide(tok Token, n uint32) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.push(tok, n)
+	return q.needNotify()
+}
+
+// Pending reports whether the guest has published chains not yet popped.
+func (q *Queue) Pending() bool {
+	if q.broken {
+		return false
+	}
+	switch r := q.ring.(type) {
+	case *packedRing:
+		return r.pending()
+	case *splitRing:
+		return r.pending()
+	}
+	panic("closed queue")
+}
+
+// ID returns the chain's head index (split) or buffer id (packed): the low
+// 16 bits of its Token in both layouts.
+func (c *DescChain) ID() uint16 { return uint16(c.Token) }
+
+// Memory returns the table the chain's segments point into.
+func (c *DescChain) Memory() *GuestMemory { return c.mem }
+
+// Bytes returns the mapped bytes.
+func (m *Mapping) Bytes() []byte { return m.data }
+
+// Host returns the region's bytes.
+func (r *Region) Host() []byte { return r.host }
+
+// SameAs reports whether r describes the same guest memory as o, the rule
+// REM_MEM_REG matches by (the mmap offset is not compared).
+func (r *Region) SameAs(o *Region) bool {
+	return r.GuestPhysAddr == o.GuestPhysAddr && r.Size == o.Size && r.UserAddr == o.UserAddr
+}

@@ -24,9 +24,6 @@ func NewMapping(data []byte, release func([]byte)) *Mapping {
 	return m
 }
 
-// Bytes returns the mapped bytes.
-func (m *Mapping) Bytes() []byte { return m.data }
-
 // Get takes a reference.
 func (m *Mapping) Get() { m.refs.Add(1) }
 
@@ -65,15 +62,6 @@ func NewRegion(gpa, size, uva, mmapOffset uint64, m *Mapping) (Region, error) {
 	r.mapping = m
 	r.host = m.data[mmapOffset : mmapOffset+size : mmapOffset+size]
 	return r, nil
-}
-
-// Host returns the region's bytes.
-func (r *Region) Host() []byte { return r.host }
-
-// SameAs reports whether r describes the same guest memory as o, the rule
-// REM_MEM_REG matches by (the mmap offset is not compared).
-func (r *Region) SameAs(o *Region) bool {
-	return r.GuestPhysAddr == o.GuestPhysAddr && r.Size == o.Size && r.UserAddr == o.UserAddr
 }
 
 // GuestMemory is an immutable table of regions, sorted by guest-physical
@@ -228,7 +216,8 @@ func (g *GuestMemory) userRange(uva, n uint64) ([]byte, uint64, bool) {
 }
 
 // MemoryMap holds the current GuestMemory. The front end's thread replaces
-// it; queue goroutines take references to it per request.
+// it; the goroutines serving rings take references on the table current
+// when they translate chains.
 type MemoryMap struct {
 	cur atomic.Pointer[GuestMemory]
 }

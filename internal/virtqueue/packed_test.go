@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"testing"
-
-	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
 )
 
 // pdesc is a packed descriptor as the test driver means it: flags hold
@@ -70,12 +68,7 @@ func (r *pring) config() Config {
 
 func (r *pring) open(t testing.TB) *Queue {
 	t.Helper()
-	q, err := New(r.config(), r.g.mem)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	t.Cleanup(q.Close)
-	return q
+	return openQueue(t, r.config(), r.g.mem)
 }
 
 // availFlags are the AVAIL/USED bits that make a slot available under
@@ -458,8 +451,7 @@ func TestPackedEventSuppression(t *testing.T) {
 			r := newPring(g, 4)
 			r.eventIdx = eventIdx
 			q := r.open(t)
-			fd, count := eventfd(t)
-			q.SetCall(fd)
+			count := signals(t, q)
 			c := NewDescChain(4)
 			// Kicks: after EnableNotify, the device area asks for a
 			// kick at the next slot (EVENT_IDX) or for every one.
@@ -494,13 +486,20 @@ func TestPackedEventSuppression(t *testing.T) {
 			if q.Notify(); count() != 0 {
 				t.Fatal("signalled with interrupts disabled")
 			}
-			r.setDriverEvent(0, eventEnable)
-			for i := range 3 { // slots 3, 0 (wrap), 1
-				r.add(uint16(10+i), pdesc{dataGPA, 8, descWrite})
+			// serve takes a one-slot chain round and returns the signals
+			// its Notify gave.
+			serve := func(id uint16) uint64 {
+				t.Helper()
+				r.add(id, pdesc{dataGPA, 8, descWrite})
 				popOne(t, q, c, g.mem)
 				q.Push(c.Token, 8)
 				r.used(t)
-				if q.Notify(); count() != 1 {
+				q.Notify()
+				return count()
+			}
+			r.setDriverEvent(0, eventEnable)
+			for i := range 3 { // slots 3, 0 (wrap), 1
+				if serve(uint16(10+i)) != 1 {
 					t.Fatalf("enabled: no signal after push %d", i)
 				}
 			}
@@ -517,12 +516,7 @@ func TestPackedEventSuppression(t *testing.T) {
 			}
 			r.setDriverEvent(evAt(3, false), eventDesc)
 			for i, want := range []uint64{0, 1, 0, 0} { // uses slots 2, 3, 0 (wrap 1), 1
-				r.add(uint16(20+i), pdesc{dataGPA, 8, descWrite})
-				popOne(t, q, c, g.mem)
-				q.Push(c.Token, 8)
-				r.used(t)
-				q.Notify()
-				if got := count(); got != want {
+				if got := serve(uint16(20 + i)); got != want {
 					t.Fatalf("desc event at 3/wrap 0, push %d: %d signals, want %d", i, got, want)
 				}
 			}
@@ -530,12 +524,7 @@ func TestPackedEventSuppression(t *testing.T) {
 			// is 2, wrap 1): crossed after pushes to slots 2, 3 and 0.
 			r.setDriverEvent(evAt(0, false), eventDesc)
 			for i, want := range []uint64{0, 0, 1} {
-				r.add(uint16(30+i), pdesc{dataGPA, 8, descWrite})
-				popOne(t, q, c, g.mem)
-				q.Push(c.Token, 8)
-				r.used(t)
-				q.Notify()
-				if got := count(); got != want {
+				if got := serve(uint16(30 + i)); got != want {
 					t.Fatalf("desc event at 0/wrap 0, push %d: %d signals, want %d", i, got, want)
 				}
 			}
@@ -550,8 +539,7 @@ func TestPackedFirstDecisionSignals(t *testing.T) {
 	r := newPring(g, 4)
 	r.eventIdx = true
 	q := r.open(t)
-	fd, count := eventfd(t)
-	q.SetCall(fd)
+	count := signals(t, q)
 	r.setDriverEvent(3, eventDesc) // far ahead
 	c := NewDescChain(4)
 	r.add(1, pdesc{dataGPA, 8, descWrite})
@@ -675,35 +663,23 @@ func FuzzPackedChainWalk(f *testing.F) {
 	}
 	g := newGuest(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		in := func(i int) byte {
-			if i < len(data) {
-				return data[i]
-			}
-			return 0
-		}
-		size := uint16(in(1)%64) + 1
+		in := newFuzzInput(data, 10)
+		size := uint16(in.at(1)%64) + 1
 		Q := int(size)
-		raw := uint32(in(2)) | uint32(in(3))<<8 | uint32(in(4))<<16 | uint32(in(5))<<24
+		raw := uint32(in.at(2)) | uint32(in.at(3))<<8 | uint32(in.at(4))<<16 | uint32(in.at(5))<<24
 		availIdx, usedIdx := uint16(raw&0x7fff)%size, uint16(raw>>16&0x7fff)%size
 		base := uint32(availIdx) | raw&(1<<15) | uint32(usedIdx)<<16 | raw&(1<<31)
-		rest := data[min(10, len(data)):]
-		take := func(n int) []byte {
-			b := make([]byte, n)
-			c := copy(b, rest)
-			rest = rest[c:]
-			return b
-		}
 		g.t = t
 		g.write(ringDesc, make([]byte, 16*64))
-		g.write(ringAvail, []byte{in(6), in(7), in(8), in(9)})
+		g.write(ringAvail, []byte{in.at(6), in.at(7), in.at(8), in.at(9)})
 		g.write(ringUsed, make([]byte, 4))
-		g.write(ringDesc, take(16*Q))
-		table := take(min(len(rest), 16*64+16))
+		g.write(ringDesc, in.take(16*Q))
+		table := in.take(min(len(in.rest), 16*64+16))
 		g.write(fuzzTableGPA, table)
 		defer g.write(fuzzTableGPA, make([]byte, len(table)))
 
 		cfg := Config{Size: size, Packed: true, DescAddr: g.uva(ringDesc), AvailAddr: g.uva(ringAvail),
-			UsedAddr: g.uva(ringUsed), Base: base, Indirect: in(0)&1 != 0, EventIdx: in(0)&2 != 0}
+			UsedAddr: g.uva(ringUsed), Base: base, Indirect: in.at(0)&1 != 0, EventIdx: in.at(0)&2 != 0}
 		q, err := New(cfg, g.mem)
 		if err != nil {
 			t.Fatalf("New: %v", err)
@@ -734,20 +710,7 @@ func FuzzPackedChainWalk(f *testing.F) {
 			}
 			total += slots
 			if err == nil {
-				for _, v := range [][]bufvec.Segment{c.Readable.Segments(), c.Writable.Segments()} {
-					if len(v) > maxSegs {
-						t.Fatalf("%d segments, limit %d", len(v), maxSegs)
-					}
-					for i := range v {
-						s := &v[i]
-						if s.Len == 0 || !s.Mapped() || len(s.Buf) != int(s.Len) || !g.inside(s.Buf) {
-							t.Fatalf("bad segment %#x+%#x", s.GPA, s.Len)
-						}
-						if b, ok := g.mem.Slice(s.GPA, uint64(s.Len)); !ok || !sameBytes(b, s.Buf) {
-							t.Fatalf("segment %#x+%#x is not the guest memory at its address", s.GPA, s.Len)
-						}
-					}
-				}
+				checkSegments(t, g, c, maxSegs)
 			}
 			q.Push(c.Token, 0)
 			c.Release()

@@ -9,8 +9,12 @@
 // layout can answer: whether chains wait and how many, an opaque Token to
 // return a chain with, and a 32-bit ring base for GET_VRING_BASE (the split
 // ring's next avail index; the packed ring's next avail and used indices
-// with both wrap counters). split.go and packed.go hold the arithmetic of
-// each; the methods in this file choose between them.
+// with both wrap counters). The Queue, in this file, holds what both
+// layouts share: the size and features, the reference on guest memory,
+// dirty logging of the ring's own writes, the producer lock, the first
+// notification decision and the call eventfd. Behind it a layout, splitRing
+// (split.go) or packedRing (packed.go), owns the rest: its memory areas, its
+// indices and the arithmetic on them.
 //
 // Everything a ring holds is written by an untrusted guest, concurrently
 // with the daemon reading it. Each guest value is read once into a local and
@@ -47,7 +51,8 @@ const (
 
 const descSize = 16
 
-// Errors returned by Pop. ErrBadChain and ErrBadHead leave the ring usable.
+// Errors returned by Snapshot and PopSeen. ErrBadChain and ErrBadHead leave
+// the ring usable.
 var (
 	// ErrBadChain: the chain is malformed; the caller returns it to the
 	// guest (its DescChain.Token) with used length 0.
@@ -97,58 +102,68 @@ type Config struct {
 // it back.
 type Token uint64
 
-// Queue is one ring. Pop is for a single consumer goroutine; Push and
-// Notify may run concurrently from several goroutines (they serialize on a
-// lock private to this ring).
+// Queue is one ring. Snapshot, PopSeen, Seen, Waiting and EnableNotify are
+// for one consumer at a time; Push and Notify may run concurrently from
+// several goroutines (they serialize on a lock private to this ring).
 type Queue struct {
 	size          uint16
-	packed        bool
 	eventIdx      bool
 	indirect      bool
 	allowUnmapped bool
 
+	// ring is the layout, nil once closed: nothing reads the ring's memory
+	// any more.
+	ring layout
+
 	ringMem *GuestMemory // reference held while the ring is set up
-	desc    []byte       // descriptor table (split) or ring (packed)
-	avail   []byte       // avail ring (split) or driver event area (packed)
-	used    []byte       // used ring (split) or device event area (packed)
-	descGPA uint64       // packed: where used descriptors are logged
 
 	// Dirty logging of the ring's writes (VHOST_VRING_F_LOG): the front
 	// end turns it on and off on a running ring, hence atomics.
 	log       *DirtyLog
 	usedLogOn atomic.Bool
-	usedLog   atomic.Uint64 // guest-physical address of the used ring / device area
+	usedLog   atomic.Uint64 // guest-physical address of the used ring / device event area
 
-	// Consumer state (Pop).
-	lastAvail uint16 // next avail index (split: free-running; packed: slot)
-	availWrap bool   // packed: the driver's wrap counter at lastAvail
-	seenAvail uint16 // split: avail.idx at the last Snapshot
-	seen      bool   // packed: the last Snapshot found lastAvail available
-	broken    bool
+	broken bool // consumer state: set on a fault that leaves no next chain
 
-	// Producer state (Push/Notify), guarded by mu.
-	mu        sync.Mutex
-	usedIdx   uint16 // next used index (split: free-running; packed: slot)
-	usedWrap  bool   // packed: the device's wrap counter at usedIdx
-	signalled uint16 // used index at the last notification decision
-	sigWrap   bool   // packed: usedWrap at that decision
-	pushed    int    // packed: chains pushed since that decision
+	// mu guards the layout's producer state (Push, Notify) and decided.
+	mu sync.Mutex
 	// decided is false until the first notification decision: a new ring
 	// does not know what the guest was told before it (a restarted ring, a
 	// reconnected daemon), so with EVENT_IDX its first decision signals,
 	// as vhost's signalled_used_valid does.
 	decided bool
-	// outstanding are the packed buffer ids popped and not yet pushed, to
-	// refuse a chain reusing one (at most the chains in flight: a
-	// linear scan; allocated once at New).
-	outstanding []uint16
-	fence       uint32 // target of the atomic op used as a full barrier
+	fence   uint32 // target of the atomic op used as a full barrier
 
 	// callMu guards callFD. Signalling takes it shared and outside mu, so
 	// a pusher preempted in the eventfd write (the woken guest thread
 	// often takes its CPU) does not hold up the other pushers.
 	callMu sync.RWMutex
 	callFD int // eventfd to signal the guest, -1 for none
+}
+
+// layout is what differs between the split and the packed ring. Each method
+// gets the Queue for the state both share. The consumer's methods (seen,
+// snapshot, pop, waiting, enableNotify) run on the goroutine that pops;
+// push and needNotify run under Queue.mu, as does base.
+type layout interface {
+	// base is where the ring stands in SET_VRING_BASE's encoding.
+	base() uint32
+	// seen reports whether chains found by the last snapshot are left.
+	seen() bool
+	// snapshot looks at what the guest has published; it marks the ring
+	// broken when that leaves no way to know which entries are valid.
+	snapshot(q *Queue) (bool, error)
+	// pop takes the next chain seen into c (reset for it).
+	pop(q *Queue, c *DescChain) (bool, error)
+	// waiting counts the chains published and not taken, up to limit.
+	waiting(q *Queue, limit int) int
+	// enableNotify asks for kicks and reports whether chains are pending.
+	enableNotify(q *Queue) bool
+	// push returns the chain tok names with n bytes written.
+	push(q *Queue, tok Token, n uint32)
+	// needNotify decides whether what was pushed since the last decision
+	// calls for an interrupt.
+	needNotify(q *Queue) bool
 }
 
 // New validates cfg against mem and returns a ring ready to serve. The ring
@@ -159,7 +174,7 @@ func New(cfg Config, mem *GuestMemory) (*Queue, error) {
 	if mem == nil || !mem.TryGet() {
 		return nil, errors.New("no guest memory mapped")
 	}
-	q := &Queue{size: cfg.Size, packed: cfg.Packed, eventIdx: cfg.EventIdx, indirect: cfg.Indirect,
+	q := &Queue{size: cfg.Size, eventIdx: cfg.EventIdx, indirect: cfg.Indirect,
 		allowUnmapped: cfg.AllowUnmapped, ringMem: mem, callFD: -1}
 	q.log = cfg.Log
 	if q.log == nil {
@@ -167,10 +182,10 @@ func New(cfg Config, mem *GuestMemory) (*Queue, error) {
 	}
 	q.SetUsedLog(cfg.LogUsed, cfg.UsedLogAddr)
 	var err error
-	if q.packed {
-		err = q.packedInit(cfg, mem)
+	if cfg.Packed {
+		q.ring, err = newPackedRing(cfg, mem)
 	} else {
-		err = q.splitInit(cfg, mem)
+		q.ring, err = newSplitRing(cfg, mem)
 	}
 	if err != nil {
 		mem.Put()
@@ -180,12 +195,13 @@ func New(cfg Config, mem *GuestMemory) (*Queue, error) {
 }
 
 // Close drops the ring's reference on guest memory. The queue must not be
-// used afterwards.
+// used afterwards, but for a Push or Notify racing with Close, which does
+// nothing.
 func (q *Queue) Close() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.ringMem != nil {
-		q.desc, q.avail, q.used = nil, nil, nil
+		q.ring = nil
 		q.ringMem.Put()
 		q.ringMem = nil
 	}
@@ -195,7 +211,10 @@ func (q *Queue) Close() {
 func (q *Queue) Size() uint16 { return q.size }
 
 // Packed reports whether the ring has the packed layout.
-func (q *Queue) Packed() bool { return q.packed }
+func (q *Queue) Packed() bool {
+	_, packed := q.ring.(*packedRing)
+	return packed
+}
 
 // AllowsUnmapped reports whether chains may hold unmapped segments.
 func (q *Queue) AllowsUnmapped() bool { return q.allowUnmapped }
@@ -207,40 +226,14 @@ func (q *Queue) Broken() bool { return q.broken }
 // Config.Base): the value GET_VRING_BASE reports once the ring is stopped
 // and every chain popped has been pushed.
 func (q *Queue) Base() uint32 {
-	if !q.packed {
-		return uint32(q.lastAvail)
-	}
-	q.mu.Lock()
+	q.mu.Lock() // a packed ring's used index is producer state
 	defer q.mu.Unlock()
-	return packedBase(q.lastAvail, q.availWrap) | packedBase(q.usedIdx, q.usedWrap)<<16
-}
-
-func packedBase(idx uint16, wrap bool) uint32 {
-	if wrap {
-		return uint32(idx) | 1<<15
-	}
-	return uint32(idx)
+	return q.ring.base()
 }
 
 // Seen reports whether chains found by the last Snapshot are still to be
 // taken by PopSeen.
-func (q *Queue) Seen() bool {
-	if q.packed {
-		return q.seen
-	}
-	return q.seenAvail != q.lastAvail
-}
-
-// Pending reports whether the guest has published chains not yet popped.
-func (q *Queue) Pending() bool {
-	if q.broken {
-		return false
-	}
-	if q.packed {
-		return q.packedAvailable()
-	}
-	return q.loadAvailIdx() != q.lastAvail
-}
+func (q *Queue) Seen() bool { return q.ring.seen() }
 
 // Waiting returns how many chains the guest has published and the device
 // not yet taken, read afresh from the ring, counting no further than limit
@@ -249,10 +242,7 @@ func (q *Queue) Waiting(limit int) int {
 	if q.broken || limit <= 0 {
 		return 0
 	}
-	if q.packed {
-		return q.packedWaiting(limit)
-	}
-	return min(int(min(q.loadAvailIdx()-q.lastAvail, q.size)), limit)
+	return q.ring.waiting(q, limit)
 }
 
 // EnableNotify asks the guest to kick when it publishes new chains and
@@ -262,29 +252,7 @@ func (q *Queue) EnableNotify() bool {
 	if q.broken {
 		return false
 	}
-	if q.packed {
-		return q.packedEnableNotify()
-	}
-	return q.splitEnableNotify()
-}
-
-// Pop takes the next available chain into c. It returns false with a nil
-// error when the ring is empty. On ErrBadChain the chain's Token is in c
-// and must be pushed back (with length 0); on ErrBadHead the entry was
-// consumed and there is nothing to push. Without guest memory (mem nil) it
-// returns false with an error and consumes nothing.
-func (q *Queue) Pop(c *DescChain, mem *GuestMemory) (bool, error) {
-	if q.broken {
-		return false, ErrBroken
-	}
-	if mem == nil {
-		// Nothing to translate buffers with: leave the entry for later.
-		return false, errors.New("virtqueue: Pop without guest memory")
-	}
-	if _, err := q.Snapshot(); err != nil {
-		return false, err
-	}
-	return q.PopSeen(c, mem)
+	return q.ring.enableNotify(q)
 }
 
 // Snapshot looks at what the guest has published and reports whether
@@ -297,14 +265,15 @@ func (q *Queue) Snapshot() (bool, error) {
 	if q.broken {
 		return false, ErrBroken
 	}
-	if q.packed {
-		q.seen = q.packedAvailable()
-		return q.seen, nil
-	}
-	return q.splitSnapshot()
+	return q.ring.snapshot(q)
 }
 
-// PopSeen is Pop limited to the chains seen by the last Snapshot.
+// PopSeen takes the next of the chains seen by the last Snapshot into c.
+// It returns false with a nil error when none is left. On ErrBadChain the
+// chain's Token is in c and must be pushed back (with length 0); on
+// ErrBadHead the entry was consumed and there is nothing to push. Without
+// guest memory (mem nil) it returns false with an error and consumes
+// nothing.
 func (q *Queue) PopSeen(c *DescChain, mem *GuestMemory) (bool, error) {
 	if q.broken {
 		return false, ErrBroken
@@ -317,10 +286,7 @@ func (q *Queue) PopSeen(c *DescChain, mem *GuestMemory) (bool, error) {
 	}
 	c.reset(mem)
 	c.allowUnmapped = q.allowUnmapped
-	if q.packed {
-		return q.packedPop(c)
-	}
-	return q.splitPop(c)
+	return q.ring.pop(q, c)
 }
 
 // Push returns the chain tok names to the guest with n bytes written into
@@ -331,30 +297,12 @@ func (q *Queue) Push(tok Token, n uint32) {
 	q.push(tok, n)
 }
 
+// push is Push under mu.
 func (q *Queue) push(tok Token, n uint32) {
-	if q.desc == nil {
+	if q.ring == nil {
 		return // closed under us: the front end is gone
 	}
-	if q.packed {
-		q.packedPush(tok, n)
-	} else {
-		q.splitPush(tok, n)
-	}
-}
-
-// PushNotify pushes one chain and signals the guest if it asked for it.
-func (q *Queue) PushNotify(tok Token, n uint32) error {
-	if !q.pushDecide(tok, n) {
-		return nil
-	}
-	return q.signal()
-}
-
-func (q *Queue) pushDecide(tok Token, n uint32) bool {
-	q.mu.Lock()
-	defer q.mu.Unlock() // deferred: a fault on guest memory must not leave it held
-	q.push(tok, n)
-	return q.needNotify()
+	q.ring.push(q, tok, n)
 }
 
 // Notify signals the guest if it asked to be told about the used entries
@@ -372,13 +320,10 @@ func (q *Queue) Notify() error {
 // needNotify decides, under mu, whether the entries pushed since the last
 // decision call for a notification.
 func (q *Queue) needNotify() bool {
-	if q.desc == nil {
-		return false
+	if q.ring == nil {
+		return false // closed
 	}
-	if q.packed {
-		return q.packedNeedNotify()
-	}
-	return q.splitNeedNotify()
+	return q.ring.needNotify(q)
 }
 
 // SetCall installs a new call eventfd (or -1) and returns the previous one.

@@ -320,168 +320,100 @@ func TestPopPush(t *testing.T) {
 func TestMalformed(t *testing.T) {
 	const Q = 8
 	const valid = Q - 1 // descriptor index of the valid chain that follows
+	type (
+		descs  = map[uint16]desc   // ring descriptors by index
+		tables = map[uint64][]desc // indirect tables by guest address
+	)
 	type tc struct {
 		name     string
 		indirect bool
-		build    func(r *ring) uint16
+		head     uint16
+		ring     descs
+		tables   tables
 		want     error
 		why      string // in the error message
 	}
-	tbl := uint64(tablesGPA)
+	const tbl = tablesGPA
+	one := []desc{{dataGPA, 8, 0, 0}} // a table of one readable buffer
+	loop := descs{}                   // a cycle through every descriptor but the valid one
+	for i := uint16(0); i < valid; i++ {
+		loop[i] = desc{dataGPA, 8, descNext, (i + 1) % valid}
+	}
+	var pastQ []desc // a table of Q+1 entries
+	for i := uint16(0); i <= Q; i++ {
+		pastQ = append(pastQ, desc{dataGPA, 1, descNext, i + 1})
+	}
+	pastQ[Q].flags = 0
 	tests := []tc{
-		{"head == Q", false, func(r *ring) uint16 { return Q }, ErrBadHead, "head 8,"},
-		{"head 0xffff", false, func(r *ring) uint16 { return 0xffff }, ErrBadHead, "head 65535,"},
-		{"next == Q", false, func(r *ring) uint16 {
-			r.setDesc(0, desc{dataGPA, 8, descNext, Q})
-			return 0
-		}, ErrBadChain, "index 8 beyond"},
-		{"next 0xffff", false, func(r *ring) uint16 {
-			r.setDesc(2, desc{dataGPA, 8, descNext, 0xffff})
-			return 2
-		}, ErrBadChain, "index 65535 beyond"},
-		{"self loop", false, func(r *ring) uint16 {
-			r.setDesc(1, desc{dataGPA, 8, descNext, 1})
-			return 1
-		}, ErrBadChain, "longer than"},
-		{"two-descriptor loop", false, func(r *ring) uint16 {
-			r.setDesc(0, desc{dataGPA, 8, descNext, 1})
-			r.setDesc(1, desc{dataGPA, 8, descNext, 0})
-			return 0
-		}, ErrBadChain, "longer than"},
-		{"chain longer than Q", false, func(r *ring) uint16 {
-			for i := uint16(0); i < valid; i++ {
-				r.setDesc(i, desc{dataGPA, 8, descNext, (i + 1) % valid})
-			}
-			return 3
-		}, ErrBadChain, "longer than"},
-		{"loop of zero-length descriptors", false, func(r *ring) uint16 {
-			r.setDesc(0, desc{0, 0, descNext, 1})
-			r.setDesc(1, desc{0, 0, descNext, 0})
-			return 0
-		}, ErrBadChain, "longer than"},
-		{"indirect without INDIRECT_DESC", false, func(r *ring) uint16 {
-			r.g.writeTable(tbl, desc{dataGPA, 8, 0, 0})
-			r.setDesc(0, desc{tbl, 16, descIndirect, 0})
-			return 0
-		}, ErrBadChain, "without INDIRECT_DESC"},
-		{"nested indirect", true, func(r *ring) uint16 {
-			r.g.writeTable(tbl+0x100, desc{dataGPA, 8, 0, 0})
-			r.g.writeTable(tbl, desc{dataGPA, 8, descNext, 1}, desc{tbl + 0x100, 16, descIndirect, 0})
-			r.setDesc(0, desc{tbl, 32, descIndirect, 0})
-			return 0
-		}, ErrBadChain, "inside an indirect table"},
-		{"INDIRECT with NEXT", true, func(r *ring) uint16 {
-			r.g.writeTable(tbl, desc{dataGPA, 8, 0, 0})
-			r.setDesc(0, desc{tbl, 16, descIndirect | descNext, 1})
-			r.setDesc(1, desc{dataGPA, 8, 0, 0})
-			return 0
-		}, ErrBadChain, "with NEXT"},
-		{"indirect length 0", true, func(r *ring) uint16 {
-			r.setDesc(0, desc{tbl, 0, descIndirect, 0})
-			return 0
-		}, ErrBadChain, "length 0"},
-		{"indirect length 24", true, func(r *ring) uint16 {
-			r.g.writeTable(tbl, desc{dataGPA, 8, 0, 0})
-			r.setDesc(0, desc{tbl, 24, descIndirect, 0})
-			return 0
-		}, ErrBadChain, "length 24"},
-		{"indirect length 8", true, func(r *ring) uint16 {
-			r.setDesc(0, desc{tbl, 8, descIndirect, 0})
-			return 0
-		}, ErrBadChain, "length 8"},
-		{"indirect with Q+1 entries", true, func(r *ring) uint16 {
-			var ds []desc
-			for i := uint16(0); i <= Q; i++ {
-				ds = append(ds, desc{dataGPA, 1, descNext, i + 1})
-			}
-			ds[Q].flags = 0
-			r.g.writeTable(tbl, ds...)
-			r.setDesc(0, desc{tbl, 16 * (Q + 1), descIndirect, 0})
-			return 0
-		}, ErrBadChain, "9 entries exceeds"},
-		{"indirect length 0xfffffff0", true, func(r *ring) uint16 {
-			r.setDesc(0, desc{tbl, 0xfffffff0, descIndirect, 0})
-			return 0
-		}, ErrBadChain, "exceeds ring size"},
-		{"misaligned indirect table", true, func(r *ring) uint16 {
-			r.g.writeTable(tbl+8, desc{dataGPA, 8, 0, 0})
-			r.setDesc(0, desc{tbl + 8, 16, descIndirect, 0})
-			return 0
-		}, ErrBadChain, "misaligned"},
-		{"indirect table outside memory", true, func(r *ring) uint16 {
-			r.setDesc(0, desc{0x600000, 32, descIndirect, 0})
-			return 0
-		}, ErrBadChain, "indirect table 0x600000+0x20 outside"},
-		{"indirect table running off the end of C", true, func(r *ring) uint16 {
-			r.g.writeTable(endC-16, desc{dataGPA, 8, 0, 0})
-			r.setDesc(0, desc{endC - 16, 32, descIndirect, 0})
-			return 0
-		}, ErrBadChain, "indirect table 0x500000+0x10 outside"},
-		{"indirect table at the top of the address space", true, func(r *ring) uint16 {
-			r.setDesc(0, desc{math.MaxUint64 - 15, 32, descIndirect, 0})
-			return 0
-		}, ErrBadChain, "outside guest memory"},
-		{"indirect next beyond the table", true, func(r *ring) uint16 {
-			r.g.writeTable(tbl, desc{dataGPA, 8, descNext, 2}, desc{dataGPA, 8, 0, 0}, desc{dataGPA, 8, 0, 0})
-			r.setDesc(0, desc{tbl, 32, descIndirect, 0})
-			return 0
-		}, ErrBadChain, "index 2 beyond table of 2"},
-		{"loop inside an indirect table", true, func(r *ring) uint16 {
-			r.g.writeTable(tbl, desc{dataGPA, 8, descNext, 1}, desc{dataGPA, 8, descNext, 0})
-			r.setDesc(0, desc{tbl, 32, descIndirect, 0})
-			return 0
-		}, ErrBadChain, "longer than its table of 2"},
-		{"readable after writable", false, func(r *ring) uint16 {
-			r.setDesc(0, desc{dataGPA, 8, descWrite | descNext, 1})
-			r.setDesc(1, desc{dataGPA + 8, 8, 0, 0})
-			return 0
-		}, ErrBadChain, "readable descriptor after"},
-		{"readable after a zero-length writable", false, func(r *ring) uint16 {
-			r.setDesc(0, desc{dataGPA, 0, descWrite | descNext, 1})
-			r.setDesc(1, desc{dataGPA + 8, 8, 0, 0})
-			return 0
-		}, ErrBadChain, "readable descriptor after"},
-		{"readable after writable in an indirect table", true, func(r *ring) uint16 {
-			r.g.writeTable(tbl, desc{dataGPA, 8, descWrite | descNext, 1}, desc{dataGPA, 8, 0, 0})
-			r.setDesc(0, desc{tbl, 32, descIndirect, 0})
-			return 0
-		}, ErrBadChain, "readable descriptor after"},
-		{"readable in an indirect table after a direct writable", true, func(r *ring) uint16 {
-			r.g.writeTable(tbl, desc{dataGPA, 8, 0, 0})
-			r.setDesc(0, desc{dataGPA, 8, descWrite | descNext, 1})
-			r.setDesc(1, desc{tbl, 16, descIndirect, 0})
-			return 0
-		}, ErrBadChain, "readable descriptor after"},
-		{"address in the gap between regions", false, func(r *ring) uint16 {
-			r.setDesc(0, desc{0x20000, 8, 0, 0})
-			return 0
-		}, ErrBadChain, "0x20000+0x8 outside"},
-		{"address one past the last region", false, func(r *ring) uint16 {
-			r.setDesc(0, desc{endD, 1, 0, 0})
-			return 0
-		}, ErrBadChain, "0x100001000+0x1 outside"},
-		{"buffer running off the end of B into the gap", false, func(r *ring) uint16 {
-			r.setDesc(0, desc{gpaB + sizeB - 8, 9, descWrite, 0})
-			return 0
-		}, ErrBadChain, "0x20000+0x1 outside"},
-		{"second buffer outside memory", false, func(r *ring) uint16 {
-			r.setDesc(0, desc{dataGPA, 8, descNext, 1})
-			r.setDesc(1, desc{0x600000, 8, descWrite, 0})
-			return 0
-		}, ErrBadChain, "0x600000+0x8 outside"},
-		{"addr+len overflows", false, func(r *ring) uint16 {
-			r.setDesc(0, desc{math.MaxUint64 - 15, 32, 0, 0})
-			return 0
-		}, ErrBadChain, "wraps"},
-		{"addr+len wraps to exactly 0", false, func(r *ring) uint16 {
-			r.setDesc(0, desc{math.MaxUint64 - 15, 16, 0, 0})
-			return 0
-		}, ErrBadChain, "wraps"},
-		{"addr+len overflow in an indirect table", true, func(r *ring) uint16 {
-			r.g.writeTable(tbl, desc{math.MaxUint64, 2, descWrite, 0})
-			r.setDesc(0, desc{tbl, 16, descIndirect, 0})
-			return 0
-		}, ErrBadChain, "wraps"},
+		{name: "head == Q", head: Q, want: ErrBadHead, why: "head 8,"},
+		{name: "head 0xffff", head: 0xffff, want: ErrBadHead, why: "head 65535,"},
+		{name: "next == Q", ring: descs{0: {dataGPA, 8, descNext, Q}},
+			want: ErrBadChain, why: "index 8 beyond"},
+		{name: "next 0xffff", head: 2, ring: descs{2: {dataGPA, 8, descNext, 0xffff}},
+			want: ErrBadChain, why: "index 65535 beyond"},
+		{name: "self loop", head: 1, ring: descs{1: {dataGPA, 8, descNext, 1}},
+			want: ErrBadChain, why: "longer than"},
+		{name: "two-descriptor loop", ring: descs{0: {dataGPA, 8, descNext, 1}, 1: {dataGPA, 8, descNext, 0}},
+			want: ErrBadChain, why: "longer than"},
+		{name: "chain longer than Q", head: 3, ring: loop,
+			want: ErrBadChain, why: "longer than"},
+		{name: "loop of zero-length descriptors", ring: descs{0: {0, 0, descNext, 1}, 1: {0, 0, descNext, 0}},
+			want: ErrBadChain, why: "longer than"},
+		{name: "indirect without INDIRECT_DESC", ring: descs{0: {tbl, 16, descIndirect, 0}}, tables: tables{tbl: one},
+			want: ErrBadChain, why: "without INDIRECT_DESC"},
+		{name: "nested indirect", indirect: true, ring: descs{0: {tbl, 32, descIndirect, 0}},
+			tables: tables{tbl: {{dataGPA, 8, descNext, 1}, {tbl + 0x100, 16, descIndirect, 0}}, tbl + 0x100: one},
+			want:   ErrBadChain, why: "inside an indirect table"},
+		{name: "INDIRECT with NEXT", indirect: true, ring: descs{0: {tbl, 16, descIndirect | descNext, 1}, 1: {dataGPA, 8, 0, 0}},
+			tables: tables{tbl: one}, want: ErrBadChain, why: "with NEXT"},
+		{name: "indirect length 0", indirect: true, ring: descs{0: {tbl, 0, descIndirect, 0}},
+			want: ErrBadChain, why: "length 0"},
+		{name: "indirect length 24", indirect: true, ring: descs{0: {tbl, 24, descIndirect, 0}}, tables: tables{tbl: one},
+			want: ErrBadChain, why: "length 24"},
+		{name: "indirect length 8", indirect: true, ring: descs{0: {tbl, 8, descIndirect, 0}},
+			want: ErrBadChain, why: "length 8"},
+		{name: "indirect with Q+1 entries", indirect: true, ring: descs{0: {tbl, 16 * (Q + 1), descIndirect, 0}},
+			tables: tables{tbl: pastQ}, want: ErrBadChain, why: "9 entries exceeds"},
+		{name: "indirect length 0xfffffff0", indirect: true, ring: descs{0: {tbl, 0xfffffff0, descIndirect, 0}},
+			want: ErrBadChain, why: "exceeds ring size"},
+		{name: "misaligned indirect table", indirect: true, ring: descs{0: {tbl + 8, 16, descIndirect, 0}},
+			tables: tables{tbl + 8: one}, want: ErrBadChain, why: "misaligned"},
+		{name: "indirect table outside memory", indirect: true, ring: descs{0: {0x600000, 32, descIndirect, 0}},
+			want: ErrBadChain, why: "indirect table 0x600000+0x20 outside"},
+		{name: "indirect table running off the end of C", indirect: true, ring: descs{0: {endC - 16, 32, descIndirect, 0}},
+			tables: tables{endC - 16: one}, want: ErrBadChain, why: "indirect table 0x500000+0x10 outside"},
+		{name: "indirect table at the top of the address space", indirect: true, ring: descs{0: {math.MaxUint64 - 15, 32, descIndirect, 0}},
+			want: ErrBadChain, why: "outside guest memory"},
+		{name: "indirect next beyond the table", indirect: true, ring: descs{0: {tbl, 32, descIndirect, 0}},
+			tables: tables{tbl: {{dataGPA, 8, descNext, 2}, {dataGPA, 8, 0, 0}, {dataGPA, 8, 0, 0}}},
+			want:   ErrBadChain, why: "index 2 beyond table of 2"},
+		{name: "loop inside an indirect table", indirect: true, ring: descs{0: {tbl, 32, descIndirect, 0}},
+			tables: tables{tbl: {{dataGPA, 8, descNext, 1}, {dataGPA, 8, descNext, 0}}},
+			want:   ErrBadChain, why: "longer than its table of 2"},
+		{name: "readable after writable", ring: descs{0: {dataGPA, 8, descWrite | descNext, 1}, 1: {dataGPA + 8, 8, 0, 0}},
+			want: ErrBadChain, why: "readable descriptor after"},
+		{name: "readable after a zero-length writable", ring: descs{0: {dataGPA, 0, descWrite | descNext, 1}, 1: {dataGPA + 8, 8, 0, 0}},
+			want: ErrBadChain, why: "readable descriptor after"},
+		{name: "readable after writable in an indirect table", indirect: true, ring: descs{0: {tbl, 32, descIndirect, 0}},
+			tables: tables{tbl: {{dataGPA, 8, descWrite | descNext, 1}, {dataGPA, 8, 0, 0}}},
+			want:   ErrBadChain, why: "readable descriptor after"},
+		{name: "readable in an indirect table after a direct writable", indirect: true,
+			ring:   descs{0: {dataGPA, 8, descWrite | descNext, 1}, 1: {tbl, 16, descIndirect, 0}},
+			tables: tables{tbl: one}, want: ErrBadChain, why: "readable descriptor after"},
+		{name: "address in the gap between regions", ring: descs{0: {0x20000, 8, 0, 0}},
+			want: ErrBadChain, why: "0x20000+0x8 outside"},
+		{name: "address one past the last region", ring: descs{0: {endD, 1, 0, 0}},
+			want: ErrBadChain, why: "0x100001000+0x1 outside"},
+		{name: "buffer running off the end of B into the gap", ring: descs{0: {gpaB + sizeB - 8, 9, descWrite, 0}},
+			want: ErrBadChain, why: "0x20000+0x1 outside"},
+		{name: "second buffer outside memory", ring: descs{0: {dataGPA, 8, descNext, 1}, 1: {0x600000, 8, descWrite, 0}},
+			want: ErrBadChain, why: "0x600000+0x8 outside"},
+		{name: "addr+len overflows", ring: descs{0: {math.MaxUint64 - 15, 32, 0, 0}},
+			want: ErrBadChain, why: "wraps"},
+		{name: "addr+len wraps to exactly 0", ring: descs{0: {math.MaxUint64 - 15, 16, 0, 0}},
+			want: ErrBadChain, why: "wraps"},
+		{name: "addr+len overflow in an indirect table", indirect: true, ring: descs{0: {tbl, 16, descIndirect, 0}},
+			tables: tables{tbl: {{math.MaxUint64, 2, descWrite, 0}}}, want: ErrBadChain, why: "wraps"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -490,7 +422,13 @@ func TestMalformed(t *testing.T) {
 			r.indirect = tc.indirect
 			q := r.open(t)
 			c := NewDescChain(Q)
-			head := tc.build(r)
+			for gpa, table := range tc.tables {
+				g.writeTable(gpa, table...)
+			}
+			for i, d := range tc.ring {
+				r.setDesc(i, d)
+			}
+			head := tc.head
 			r.setDesc(valid, desc{dataGPA + 0x8000, 40, 0, 0})
 			r.publish(head, valid)
 
@@ -638,6 +576,15 @@ func eventfd(t *testing.T) (int, func() uint64) {
 	}
 }
 
+// signals installs a call eventfd on q and returns a function that reads
+// (and resets) the count of signals on it.
+func signals(t *testing.T, q *Queue) func() uint64 {
+	t.Helper()
+	fd, count := eventfd(t)
+	q.SetCall(fd)
+	return count
+}
+
 func TestEventIdx(t *testing.T) {
 	g := newGuest(t)
 	r := newRing(g, 8)
@@ -765,8 +712,7 @@ func TestEventIdxFirstNotify(t *testing.T) {
 	r.setUsedEvent(3) // ...but the guest has seen only 3
 	r.availIdx = 5
 	q := r.open(t)
-	fd, count := eventfd(t)
-	q.SetCall(fd)
+	count := signals(t, q)
 	c := NewDescChain(8)
 	r.setDesc(0, desc{dataGPA, 8, 0, 0})
 	r.publish(0)
@@ -789,8 +735,7 @@ func TestNoInterrupt(t *testing.T) {
 	g := newGuest(t)
 	r := newRing(g, 8)
 	q := r.open(t)
-	fd, count := eventfd(t)
-	q.SetCall(fd)
+	count := signals(t, q)
 	c := NewDescChain(8)
 	r.setDesc(0, desc{dataGPA, 8, 0, 0})
 	r.setAvailEvent(0x1234)
@@ -835,8 +780,7 @@ func TestConcurrentPush(t *testing.T) {
 	r := newRing(g, Q)
 	r.eventIdx = true
 	q := r.open(t)
-	fd, count := eventfd(t)
-	q.SetCall(fd)
+	count := signals(t, q)
 	r.setUsedEvent(0)
 	var wg sync.WaitGroup
 	for w := range 4 {
