@@ -9,20 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
 	"github.com/govirtiofsd/govirtiofsd/internal/virtqueue"
 )
-
-// Classifier is implemented by request handlers that can tell, from a popped
-// request, how it should be scheduled.
-type Classifier interface {
-	// Classify peeks at request in without consuming it. heavy marks a
-	// request whose service dwarfs the cost of waking another server (a
-	// large READ or WRITE); slow marks one that may take long whatever its
-	// size (an fsync): the replies pushed before it are signalled first.
-	// writeNode is the node a heavy WRITE writes, 0 for any other request.
-	Classify(in *bufvec.Vec) (heavy bool, writeNode uint64, slow bool)
-}
 
 // slot is one server's request state: the chain it serves and the handler
 // scratch that serves it. A ring's slots are made once per queue size, the
@@ -119,8 +107,8 @@ func (rn *runner) stop() {
 	// A request waiting for the VMM (FS_IO) would wait forever: the VMM
 	// answers only after we answer the message that stops this ring.
 	b := rn.r.b
-	b.backend.abort()
-	defer b.backend.endAbort()
+	b.channel.abort()
+	defer b.channel.endAbort()
 	rn.mu.Lock()
 	rn.endLocked()
 	rn.mu.Unlock()
@@ -423,8 +411,8 @@ func (rn *runner) popLocked(s *server) popState {
 	switch {
 	case err == nil:
 		if q.AllowsUnmapped() {
-			c.Readable.SetBouncer(&rn.r.b.backend)
-			c.Writable.SetBouncer(&rn.r.b.backend)
+			c.Readable.SetBouncer(&rn.r.b.channel)
+			c.Writable.SetBouncer(&rn.r.b.channel)
 		}
 		return popped
 	case errors.Is(err, virtqueue.ErrBadChain):

@@ -11,12 +11,12 @@ import (
 )
 
 // vring is the daemon's view of one virtqueue: what the front end configured
-// and, once the ring is started (SET_VRING_KICK) and enabled, the goroutine
-// that serves it.
+// and, once the ring is started (SET_VRING_KICK) and enabled, the runner
+// whose server goroutines serve it.
 //
-// Configuration fields are touched only by the message loop. The serving
-// goroutine owns the Queue's consumer side while it runs; the message loop
-// stops it (and waits) before it touches the Queue again.
+// Configuration fields are touched only by the message loop. The runner
+// owns the Queue's consumer side while it runs; the message loop stops it
+// (and waits) before it touches the Queue again.
 type vring struct {
 	index int
 	b     *Backend
@@ -35,7 +35,7 @@ type vring struct {
 	queue *virtqueue.Queue // non-nil while started
 	slots []*slot          // request state per server, made on first need, kept across stop/start while the size holds
 
-	run     *runner // non-nil while the serving goroutine runs
+	run     *runner // non-nil while the ring is served
 	badSeen atomic.Uint64
 }
 
@@ -79,7 +79,7 @@ func (r *vring) start() error {
 		Indirect:  r.b.acked&featIndirectDesc != 0,
 		// Buffers outside guest memory (a DAX window) can be bounced
 		// through the VMM only over a negotiated back-end channel.
-		AllowUnmapped: r.b.backend.bounceUsable(),
+		AllowUnmapped: r.b.channel.bounceUsable(),
 		Log:           &r.b.dirty,
 		LogUsed:       r.addr.flags&vringFlagLog != 0,
 		UsedLogAddr:   r.addr.logGPA,
@@ -98,7 +98,7 @@ func (r *vring) start() error {
 	return nil
 }
 
-// resume starts the serving goroutine if the ring is started and enabled.
+// resume starts serving the ring if it is started and enabled.
 func (r *vring) resume() {
 	if r.run != nil || r.queue == nil || !r.enabled || r.queue.Broken() {
 		return
@@ -106,8 +106,8 @@ func (r *vring) resume() {
 	r.run = startRunner(r, r.queue, r.kickFD)
 }
 
-// pause stops the serving goroutine and waits until every chain it popped
-// has been completed and pushed.
+// pause stops serving the ring and waits until every chain its servers
+// popped has been completed and pushed.
 func (r *vring) pause() {
 	if r.run == nil {
 		return
