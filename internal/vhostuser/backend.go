@@ -83,6 +83,13 @@ type Config struct {
 	// DEVICE_STATE protocol feature is not offered, and QEMU cannot
 	// migrate the VM.
 	State DeviceState
+	// RingsWatched, if set, is told on the message loop, when a ring
+	// starts, that rings 0 to n-1 may each have a server asleep in
+	// ppoll(2) on its kick fd, holding its thread's P (kick.go): once for
+	// each n larger than any before, never when a ring stops. The daemon
+	// gives the process a P for each (cmd/govirtiofsd); nil leaves
+	// GOMAXPROCS alone.
+	RingsWatched func(n int)
 }
 
 // Backend serves one vhost-user connection.
@@ -109,6 +116,7 @@ type Backend struct {
 	transferStall time.Duration
 	channel       BackendChannel // for back-end-initiated requests (FS_IO)
 	busyWorkers   atomic.Int32
+	watched       int                  // the most rings told to Config.RingsWatched
 	stats         *[MaxRings]ringStats // nil with Config.Metrics off
 }
 

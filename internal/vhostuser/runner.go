@@ -12,24 +12,8 @@ import (
 	"github.com/govirtiofsd/govirtiofsd/internal/virtqueue"
 )
 
-// slot is one server's request state: the chain it serves and the handler
-// scratch that serves it. A ring's slots are made once per queue size, the
-// first time each server runs, and kept across stop and start (vring.slots).
-type slot struct {
-	chain    *virtqueue.DescChain
-	handler  RequestHandler
-	classify Classifier // nil: every request is cheap and quick
-}
-
-func (r *vring) newSlot() *slot {
-	h := r.b.cfg.Handler.QueueHandler(r.index)
-	c, _ := h.(Classifier)
-	return &slot{chain: virtqueue.NewDescChain(r.num), handler: h, classify: c}
-}
-
 // pollInterval is how often a ring without a kick fd (SET_VRING_KICK with
-// NOFD: the front end asks to be polled) is looked at. No benchmark row
-// needs it: QEMU always sends a kick fd.
+// NOFD: the front end asks to be polled) is looked at (doc.go, Tunables).
 const pollInterval = 200 * time.Microsecond
 
 // runner serves one started, enabled ring.
@@ -312,13 +296,8 @@ func (s *server) watchLocked(noMemory bool) {
 	putMem(&rn.mem)
 	rn.watching = true
 	rn.mu.Unlock()
-	// The runtime takes a goroutine that has run on one scheduler tick
-	// for 10 ms for a hog: it preempts it, takes its P while it sleeps in
-	// a system call, and then polls every 20 µs for a while. A server
-	// that only ever sleeps in ppoll and serves never passes through the
-	// scheduler, so it yields here once per wait: a fraction of a
-	// microsecond, against the server's thread preempted by the runtime's
-	// monitor thousands of times a second (depth-1 rows, bench).
+	// Yield once per wait, or the runtime takes a server that only
+	// serves and sleeps in ppoll for a hog (doc.go, Rationale).
 	runtime.Gosched()
 	var err error
 	if rn.kick == nil {
@@ -442,11 +421,6 @@ func (rn *runner) bad(err error) {
 		rn.r.log().Warn("malformed chain returned", "err", err, "count", n)
 	}
 }
-
-// DefaultWorkers is the worker budget without --thread-pool-size: one fewer
-// than the CPUs this process may run on (GOMAXPROCS, which also heeds a
-// cgroup CPU limit; at least one), so a busy ring has one server per CPU.
-func DefaultWorkers() int { return max(procsWithoutWatchers()-1, 1) }
 
 // takeWorker claims one unit of the back end's worker budget, shared by
 // all rings: one atomic add, no lock.

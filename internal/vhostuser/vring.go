@@ -89,7 +89,12 @@ func (r *vring) start() error {
 	}
 	q.SetCall(r.callFD)
 	r.queue = q
-	reserveWatchers(r.index + 1)
+	if n := r.index + 1; n > r.b.watched { // rings 0 to n-1 may have a watcher
+		r.b.watched = n
+		if r.b.cfg.RingsWatched != nil {
+			r.b.cfg.RingsWatched(n)
+		}
+	}
 	if len(r.slots) > 0 && r.slots[0].chain.Cap() != int(r.num) {
 		r.slots = nil // a new queue size: each server makes its slot again
 	}
@@ -159,4 +164,20 @@ func (r *vring) reset() {
 	r.setErr(-1)
 	r.num, r.base, r.baseSet, r.enabled, r.hasAddr = 0, 0, false, false, false
 	r.addr = vringAddr{}
+}
+
+// slot is one server's request state: the chain it serves and the
+// RequestHandler made for it (Config.Handler). A ring's slots are made once
+// per queue size, the first time each server runs, and kept across stop
+// and start (vring.slots).
+type slot struct {
+	chain    *virtqueue.DescChain
+	handler  RequestHandler
+	classify Classifier // nil: every request is cheap and quick
+}
+
+func (r *vring) newSlot() *slot {
+	h := r.b.cfg.Handler.QueueHandler(r.index)
+	c, _ := h.(Classifier)
+	return &slot{chain: virtqueue.NewDescChain(r.num), handler: h, classify: c}
 }
