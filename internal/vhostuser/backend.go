@@ -19,6 +19,8 @@ const (
 	// MaxRings is the number of rings the back end serves: KICK and CALL
 	// messages carry the ring index in 8 bits.
 	MaxRings = 256
+	// maxWorkers bounds Config.Workers.
+	maxWorkers = 1024
 	// maxMemSlots is what GET_MAX_MEM_SLOTS answers (libvhost-user's value).
 	maxMemSlots = 509
 	// configSize is the size of struct virtio_fs_config: tag[36] and
@@ -128,8 +130,8 @@ func NewBackend(cfg Config) (*Backend, error) {
 	if cfg.RequestQueues < 1 || cfg.RequestQueues > MaxRings-1 {
 		return nil, fmt.Errorf("vhostuser: %d request queues, want 1..%d", cfg.RequestQueues, MaxRings-1)
 	}
-	if cfg.Workers < 0 || cfg.Workers > 1024 {
-		return nil, fmt.Errorf("vhostuser: %d workers, want 0..1024", cfg.Workers)
+	if cfg.Workers < 0 || cfg.Workers > maxWorkers {
+		return nil, fmt.Errorf("vhostuser: %d workers, want 0..%d", cfg.Workers, maxWorkers)
 	}
 	if len(cfg.Tag) > 36 {
 		return nil, fmt.Errorf("vhostuser: tag %q longer than 36 bytes", cfg.Tag)

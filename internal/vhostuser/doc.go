@@ -62,6 +62,23 @@
 // rows are faster without. pollInterval serves a ring whose front end
 // sent no kick fd; no benchmark row needs it, and QEMU never does that.
 //
+// # Counting rules
+//
+// A ring's runner keeps, under its lock, its servers, the parked ones
+// (with those never started, which lie under them and start lowest index
+// first), how many servers are awake and how many live (goroutines), the
+// worker budget units the ring holds (extras) and whether one watches; the
+// back end counts the units all rings hold (busyWorkers). No server exits
+// before the ring stops, and until then parked + awake = servers and a
+// server is awake (serving or watching). live = awake + the parked servers
+// that started; 0 ≤ extras ≤ awake − 1, and extras ≤ busyWorkers; a parked
+// server holds no memory table and no wake-up; and with every serving
+// ring's lock held, busyWorkers = the rings' extras ≤ Workers. rules.go
+// checks them in -race builds (every test of the project, and the daemon
+// the integration tests build) and with -tags schedcheck, each time a
+// runner's lock is released, that is after every transition, and panics
+// naming the rule and the counts; the release binary has none of it.
+//
 // # Rationale
 //
 // Figures from this project's 2-CPU machine (make bench; README,

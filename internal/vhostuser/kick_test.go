@@ -65,26 +65,16 @@ func TestKickWatch(t *testing.T) {
 	<-waited
 }
 
-// testProcs gives the test process the daemon's Ps (cmd/govirtiofsd,
-// procs.go: one P more than the CPUs for each ring watched, the most any
-// back end watched, never given back), so that the runner tests serve as
-// the daemon's rings do.
-var testProcs struct {
-	sync.Mutex
-	cpus, watched int
+// reserveTestProcs gives the test process the daemon's Ps (cmd/govirtiofsd,
+// procs.go: a P more than the CPUs for each ring watched), so that the
+// runner tests serve as the daemon's rings do.
+func reserveTestProcs(n int) {
+	if p := testCPUs + n; p > runtime.GOMAXPROCS(0) {
+		runtime.GOMAXPROCS(p)
+	}
 }
 
-func reserveTestProcs(n int) {
-	testProcs.Lock()
-	defer testProcs.Unlock()
-	if testProcs.watched == 0 {
-		testProcs.cpus = runtime.GOMAXPROCS(0)
-	}
-	if n > testProcs.watched {
-		testProcs.watched = n
-		runtime.GOMAXPROCS(testProcs.cpus + n)
-	}
-}
+var testCPUs = runtime.GOMAXPROCS(0)
 
 // TestRingsWatched: a back end tells Config.RingsWatched of the rings that
 // may have a watcher once for each larger count, before the ring is

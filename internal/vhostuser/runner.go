@@ -25,8 +25,8 @@ type runner struct {
 	stopping atomic.Bool
 	done     chan struct{} // closed when the last server has exited
 
-	// mu guards the Queue's consumer side (Snapshot, PopSeen,
-	// EnableNotify, Seen, Waiting) and the fields below.
+	// mu guards the Queue's consumer side (Snapshot, PopSeen, EnableNotify,
+	// Seen, Waiting) and the fields below; unlock (rules.go) releases it.
 	mu       sync.Mutex
 	servers  []*server
 	parked   []*server // never started, or parked; most recently parked last
@@ -80,7 +80,7 @@ func startRunner(r *vring, q *virtqueue.Queue, kickFD int) *runner {
 	rn.mu.Lock()
 	rn.awake++
 	rn.startLocked(rn.servers[0])
-	rn.mu.Unlock()
+	rn.unlock()
 	return rn
 }
 
@@ -95,7 +95,7 @@ func (rn *runner) stop() {
 	defer b.channel.endAbort()
 	rn.mu.Lock()
 	rn.endLocked()
-	rn.mu.Unlock()
+	rn.unlock()
 	<-rn.done
 	if err := rn.q.Notify(); err != nil {
 		rn.r.log().Warn("notify guest", "err", err)
@@ -170,7 +170,7 @@ func (s *server) run() {
 			s.slot.chain.Release()
 			rn.mu.Lock()
 			rn.endLocked()
-			rn.mu.Unlock()
+			rn.unlock()
 		}
 		rn.mu.Lock()
 		s.leaveLocked()
@@ -180,7 +180,7 @@ func (s *server) run() {
 			}
 			close(rn.done)
 		}
-		rn.mu.Unlock()
+		rn.unlock()
 	}()
 	for s.next() {
 		sl := s.slot
@@ -204,7 +204,7 @@ func (s *server) next() bool {
 	rn := s.rn
 	q := rn.q
 	rn.mu.Lock()
-	defer rn.mu.Unlock()
+	defer rn.unlock()
 	for {
 		if s.unsignalled > 0 && q.Waiting(s.unsignalled+1) <= s.unsignalled {
 			s.signal()
@@ -276,7 +276,7 @@ func (s *server) parkLocked() {
 	rn := s.rn
 	s.leaveLocked()
 	rn.parked = append(rn.parked, s)
-	rn.mu.Unlock()
+	rn.unlock()
 	<-s.wake
 	rn.mu.Lock()
 }
@@ -295,7 +295,7 @@ func (s *server) watchLocked(noMemory bool) {
 	putMem(&s.mem)
 	putMem(&rn.mem)
 	rn.watching = true
-	rn.mu.Unlock()
+	rn.unlock()
 	// Yield once per wait, or the runtime takes a server that only
 	// serves and sleeps in ppoll for a hog (doc.go, Rationale).
 	runtime.Gosched()

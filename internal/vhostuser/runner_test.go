@@ -29,6 +29,7 @@ import (
 // would, once done), how long to take, in microseconds (bytes 12-15), and
 // a tag (bytes 16-23; not 0: record who served it).
 type probe struct {
+	b        *Backend // the back end it serves
 	mu       sync.Mutex
 	inflight map[uint64]int // heavy writes in service per node
 	overlap  int            // heavy writes to one node served side by side
@@ -218,6 +219,7 @@ func startProbeWatched(t *testing.T, rings, workers int, watched func(int)) (*pr
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.b = b
 	opts := vmm.DefaultOptions()
 	opts.Queues = 1 + rings
 	return p, serveOne(t, b, func(sock string) (*vmm.Device, error) { return vmm.Start(sock, opts) })

@@ -109,6 +109,7 @@ func (r *vring) resume() {
 		return
 	}
 	r.run = startRunner(r, r.queue, r.kickFD)
+	r.b.checkWorkers()
 }
 
 // pause stops serving the ring and waits until every chain its servers
@@ -119,6 +120,7 @@ func (r *vring) pause() {
 	}
 	r.run.stop()
 	r.run = nil
+	r.b.checkWorkers()
 }
 
 // stop pauses the ring, records where it stopped and releases its Queue: the

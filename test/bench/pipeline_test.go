@@ -6,7 +6,6 @@ import (
 	"net"
 	"path/filepath"
 	"runtime"
-	"sync"
 	"testing"
 	"time"
 
@@ -53,7 +52,7 @@ func benchPipeline(b *testing.B, w Workload, rings int) {
 	}
 	srv := fuse.NewServer(fsys, fuse.ServerOptions{}, log)
 	backend, err := vhostuser.NewBackend(vhostuser.Config{RequestQueues: rings, Tag: "bench", Logger: log,
-		Workers: pipelineProcs.workers(), RingsWatched: pipelineProcs.reserve,
+		Workers: max(pipelineCPUs-1, 1), RingsWatched: reservePipelineProcs,
 		Handler: vhostuser.HandlerFunc(func(i int) vhostuser.RequestHandler { return srv.Queue(i) })})
 	if err != nil {
 		b.Fatal(err)
@@ -94,37 +93,13 @@ func benchPipeline(b *testing.B, w Workload, rings int) {
 	b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/float64(res.Ops), "B/req")
 }
 
-// pipelineProcs gives this process the daemon's Ps and default worker
-// budget: as cmd/govirtiofsd's procs.go, one P more than the CPUs for each
-// ring watched, the most any back end watched, never given back (the
-// testing package resets GOMAXPROCS before each top-level benchmark, as it
-// did before this moved out of vhostuser), and one worker fewer than the
-// CPUs.
-var pipelineProcs watcherProcs
+// The daemon's default worker budget and Ps (cmd/govirtiofsd, procs.go):
+// a worker fewer than the CPUs, and a P more than the CPUs for each ring
+// watched.
+var pipelineCPUs = runtime.GOMAXPROCS(0)
 
-type watcherProcs struct {
-	sync.Mutex
-	cpus, watched int
-}
-
-func (p *watcherProcs) reserve(n int) {
-	p.Lock()
-	defer p.Unlock()
-	if p.watched == 0 {
-		p.cpus = runtime.GOMAXPROCS(0)
+func reservePipelineProcs(n int) {
+	if p := pipelineCPUs + n; p > runtime.GOMAXPROCS(0) {
+		runtime.GOMAXPROCS(p)
 	}
-	if n > p.watched {
-		p.watched = n
-		runtime.GOMAXPROCS(p.cpus + n)
-	}
-}
-
-func (p *watcherProcs) workers() int {
-	p.Lock()
-	defer p.Unlock()
-	cpus := runtime.GOMAXPROCS(0)
-	if p.watched > 0 {
-		cpus = p.cpus
-	}
-	return max(cpus-1, 1)
 }
