@@ -174,13 +174,15 @@ func (s *server) run() {
 		}
 		rn.mu.Lock()
 		s.leaveLocked()
-		if rn.live--; rn.live == 0 {
-			if rn.stats != nil {
-				rn.stats.active.Store(false)
-			}
-			close(rn.done)
+		rn.live--
+		last := rn.live == 0
+		if last && rn.stats != nil {
+			rn.stats.active.Store(false)
 		}
 		rn.unlock()
+		if last {
+			close(rn.done) // the message loop takes the ring back: nothing of it is touched after
+		}
 	}()
 	for s.next() {
 		sl := s.slot
