@@ -51,7 +51,7 @@ type Classifier interface {
 
 // Handler hands out RequestHandlers: one for each server of ring index (0
 // is hiprio), made the first time that server runs and kept while the
-// ring's size holds (runner.go, slot). A ring has up to 1+Workers servers,
+// ring's size holds (vring.go, slot). A ring has up to 1+Workers servers,
 // which serve side by side.
 type Handler interface {
 	QueueHandler(index int) RequestHandler
