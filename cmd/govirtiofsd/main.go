@@ -259,7 +259,7 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 
 	workers := o.ThreadPoolSize
 	if workers < 0 {
-		workers = vhostuser.DefaultWorkers()
+		workers = defaultWorkers()
 	}
 	fsys, err := newFileSystem(o, in)
 	if err != nil {
@@ -273,6 +273,7 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 		Workers:       workers,
 		Metrics:       metricsLn != nil,
 		State:         fs, // the FUSE session and the file system's inodes and handles migrate
+		RingsWatched:  reserveWatcherProcs,
 		Handler: vhostuser.HandlerFunc(func(i int) vhostuser.RequestHandler {
 			return fs.Queue(i)
 		}),

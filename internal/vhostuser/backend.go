@@ -15,36 +15,12 @@ import (
 	"github.com/govirtiofsd/govirtiofsd/internal/virtqueue"
 )
 
-// Virtio feature bits.
-const (
-	featNotifyOnEmpty    = 1 << 24
-	featIndirectDesc     = 1 << 28
-	featEventIdx         = 1 << 29
-	featProtocolFeatures = 1 << 30 // VHOST_USER_F_PROTOCOL_FEATURES
-	featVersion1         = 1 << 32
-	featRingPacked       = 1 << 34 // VIRTIO_F_RING_PACKED
-	featRingReset        = 1 << 40 // never offered: QEMU 7.2 mishandles it
-)
-
-// Protocol feature bits.
-const (
-	protoMQ                = 1 << 0
-	protoLogShmFD          = 1 << 1
-	protoReplyAck          = 1 << 3
-	protoBackendReq        = 1 << 5
-	protoConfig            = 1 << 9
-	protoBackendSendFD     = 1 << 10
-	protoInflightShmFD     = 1 << 12
-	protoResetDevice       = 1 << 13
-	protoConfigureMemSlots = 1 << 15
-	protoStatus            = 1 << 16
-	protoDeviceState       = 1 << 19
-)
-
 const (
 	// MaxRings is the number of rings the back end serves: KICK and CALL
 	// messages carry the ring index in 8 bits.
 	MaxRings = 256
+	// maxWorkers bounds Config.Workers.
+	maxWorkers = 1024
 	// maxMemSlots is what GET_MAX_MEM_SLOTS answers (libvhost-user's value).
 	maxMemSlots = 509
 	// configSize is the size of struct virtio_fs_config: tag[36] and
@@ -55,14 +31,28 @@ const (
 	vringIdxMask  = 0xff
 )
 
-// RequestHandler serves the requests of one ring: it reads the request from
-// in, writes the reply into out and returns the number of bytes written,
-// which becomes the used length.
+// RequestHandler serves the requests one server of a ring pops, one at a
+// time: it reads the request from in, writes the reply into out and
+// returns the number of bytes written, which becomes the used length.
 type RequestHandler interface {
 	Serve(in, out *bufvec.Vec) uint32
 }
 
-// Handler hands out one RequestHandler per ring (index 0 is hiprio).
+// Classifier is implemented by request handlers that can tell, from a popped
+// request, how it should be scheduled.
+type Classifier interface {
+	// Classify peeks at request in without consuming it. heavy marks a
+	// request whose service dwarfs the cost of waking another server (a
+	// large READ or WRITE); slow marks one that may take long whatever its
+	// size (an fsync): the replies pushed before it are signalled first.
+	// writeNode is the node a heavy WRITE writes, 0 for any other request.
+	Classify(in *bufvec.Vec) (heavy bool, writeNode uint64, slow bool)
+}
+
+// Handler hands out RequestHandlers: one for each server of ring index (0
+// is hiprio), made the first time that server runs and kept while the
+// ring's size holds (vring.go, slot). A ring has up to 1+Workers servers,
+// which serve side by side.
 type Handler interface {
 	QueueHandler(index int) RequestHandler
 }
@@ -95,6 +85,13 @@ type Config struct {
 	// DEVICE_STATE protocol feature is not offered, and QEMU cannot
 	// migrate the VM.
 	State DeviceState
+	// RingsWatched, if set, is told on the message loop, when a ring
+	// starts, that rings 0 to n-1 may each have a server asleep in
+	// ppoll(2) on its kick fd, holding its thread's P (kick.go): once for
+	// each n larger than any before, never when a ring stops. The daemon
+	// gives the process a P for each (cmd/govirtiofsd); nil leaves
+	// GOMAXPROCS alone.
+	RingsWatched func(n int)
 }
 
 // Backend serves one vhost-user connection.
@@ -119,8 +116,9 @@ type Backend struct {
 	// transferStall is how long a state transfer may make no progress
 	// (the constant of that name; tests shorten it).
 	transferStall time.Duration
-	backend       BackendChannel
+	channel       BackendChannel // for back-end-initiated requests (FS_IO)
 	busyWorkers   atomic.Int32
+	watched       int                  // the most rings told to Config.RingsWatched
 	stats         *[MaxRings]ringStats // nil with Config.Metrics off
 }
 
@@ -132,8 +130,8 @@ func NewBackend(cfg Config) (*Backend, error) {
 	if cfg.RequestQueues < 1 || cfg.RequestQueues > MaxRings-1 {
 		return nil, fmt.Errorf("vhostuser: %d request queues, want 1..%d", cfg.RequestQueues, MaxRings-1)
 	}
-	if cfg.Workers < 0 || cfg.Workers > 1024 {
-		return nil, fmt.Errorf("vhostuser: %d workers, want 0..1024", cfg.Workers)
+	if cfg.Workers < 0 || cfg.Workers > maxWorkers {
+		return nil, fmt.Errorf("vhostuser: %d workers, want 0..%d", cfg.Workers, maxWorkers)
 	}
 	if len(cfg.Tag) > 36 {
 		return nil, fmt.Errorf("vhostuser: tag %q longer than 36 bytes", cfg.Tag)
@@ -145,21 +143,12 @@ func NewBackend(cfg Config) (*Backend, error) {
 	if cfg.Metrics {
 		b.stats = new([MaxRings]ringStats)
 	}
-	// Both ring layouts: the front end (QEMU's packed=on) decides.
-	b.offered = featVersion1 | featIndirectDesc | featEventIdx | featRingPacked | featProtocolFeatures | featLogAll
-	b.protoOffered = protoMQ | protoLogShmFD | protoReplyAck | protoBackendReq | protoBackendSendFD |
-		protoResetDevice | protoConfigureMemSlots | protoStatus
-	if cfg.Tag != "" {
-		b.protoOffered |= protoConfig
-	}
-	if cfg.State != nil {
-		b.protoOffered |= protoDeviceState
-	}
+	b.offer()
 	return b, nil
 }
 
-// Backend returns the channel for back-end-initiated requests.
-func (b *Backend) Channel() *BackendChannel { return &b.backend }
+// Channel returns the channel for back-end-initiated requests.
+func (b *Backend) Channel() *BackendChannel { return &b.channel }
 
 // ServeFirst accepts one front end on ln, stops listening (one front end per
 // daemon, as with the C and Rust daemons) and serves it with Serve.
@@ -216,7 +205,7 @@ func (b *Backend) shutdown() {
 	b.dirty.Replace(nil, nil)
 	b.memory.Replace(nil)
 	b.regions = nil
-	b.backend.close()
+	b.channel.close()
 }
 
 func (b *Backend) ring(index uint32) (*vring, error) {
@@ -325,79 +314,70 @@ func u64(v uint64) []byte {
 	return b
 }
 
+// setters handle the messages that have no reply of their own.
+var setters = map[uint32]func(*Backend, *Message) error{
+	reqSetOwner:            (*Backend).setOwner,
+	reqResetOwner:          (*Backend).resetDevice,
+	reqResetDevice:         (*Backend).resetDevice,
+	reqSetFeatures:         (*Backend).setFeatures,
+	reqSetProtocolFeatures: (*Backend).setProtocolFeatures,
+	reqSetMemTable:         (*Backend).setMemTable,
+	reqAddMemReg:           (*Backend).addMemReg,
+	reqRemMemReg:           (*Backend).remMemReg,
+	reqSetVringNum:         (*Backend).setVringNum,
+	reqSetVringAddr:        (*Backend).setVringAddr,
+	reqSetVringBase:        (*Backend).setVringBase,
+	reqSetVringKick:        (*Backend).setVringKick,
+	reqSetVringCall:        (*Backend).setVringCall,
+	reqSetVringErr:         (*Backend).setVringErr,
+	reqSetVringEnable:      (*Backend).setVringEnable,
+	reqSetBackendReqFD:     (*Backend).setBackendReqFD,
+	reqSetStatus:           (*Backend).setStatus,
+}
+
 // handleSet handles the messages that have no reply of their own.
 func (b *Backend) handleSet(m *Message) error {
+	if set := setters[m.Request]; set != nil {
+		return set(b, m)
+	}
 	switch m.Request {
-	case reqSetOwner:
-		b.owned = true
-		return nil
-	case reqResetOwner, reqResetDevice:
-		b.resetDevice()
-		return nil
-	case reqSetFeatures:
-		v, err := payloadU64(m)
-		if err != nil {
-			return err
-		}
-		return b.setFeatures(v)
-	case reqSetProtocolFeatures:
-		v, err := payloadU64(m)
-		if err != nil {
-			return err
-		}
-		if extra := v &^ b.protoOffered; extra != 0 {
-			return fmt.Errorf("protocol features %#x were not offered", extra)
-		}
-		b.proto = v
-		const bounce = protoBackendReq | protoBackendSendFD | protoReplyAck
-		b.backend.usable.Store(v&bounce == bounce)
-		return nil
-	case reqSetMemTable:
-		return b.setMemTable(m)
-	case reqAddMemReg:
-		return b.addMemReg(m)
-	case reqRemMemReg:
-		return b.remMemReg(m)
-	case reqSetVringNum:
-		return b.setVringNum(m)
-	case reqSetVringAddr:
-		return b.setVringAddr(m)
-	case reqSetVringBase:
-		return b.setVringBase(m)
-	case reqSetVringKick:
-		return b.setVringKick(m)
-	case reqSetVringCall:
-		return b.setVringFile(m, (*vring).setCall)
-	case reqSetVringErr:
-		return b.setVringFile(m, (*vring).setErr)
-	case reqSetVringEnable:
-		return b.setVringEnable(m)
-	case reqSetBackendReqFD:
-		fd := m.takeFD()
-		if fd < 0 {
-			return errors.New("no fd attached")
-		}
-		b.backend.set(fd)
-		return nil
-	case reqSetStatus:
-		v, err := payloadU64(m)
-		if err != nil {
-			return err
-		}
-		// Recorded for GET_STATUS only: QEMU 7.2 never sends DRIVER_OK
-		// for fs, so status must not drive the ring lifecycle.
-		b.status = uint8(v)
-		return nil
 	case reqSetConfig:
 		return errors.New("the virtio-fs config space is read-only")
 	case reqSetLogFD, reqSetInflightFD:
 		return errors.New("not supported (the log comes with SET_LOG_BASE; no inflight tracking)")
-	default:
-		return errors.New("unknown or unsupported request")
 	}
+	return errors.New("unknown or unsupported request")
 }
 
-func (b *Backend) resetDevice() {
+func (b *Backend) setOwner(*Message) error {
+	b.owned = true
+	return nil
+}
+
+func (b *Backend) setBackendReqFD(m *Message) error {
+	fd := m.takeFD()
+	if fd < 0 {
+		return errors.New("no fd attached")
+	}
+	b.channel.set(fd)
+	return nil
+}
+
+func (b *Backend) setStatus(m *Message) error {
+	v, err := payloadU64(m)
+	if err != nil {
+		return err
+	}
+	// Recorded for GET_STATUS only: QEMU 7.2 never sends DRIVER_OK
+	// for fs, so status must not drive the ring lifecycle.
+	b.status = uint8(v)
+	return nil
+}
+
+// resetDevice handles RESET_OWNER and RESET_DEVICE: every ring stops and
+// forgets its configuration, and the acknowledged features and the status
+// are forgotten.
+func (b *Backend) resetDevice(*Message) error {
 	b.abortTransfer()
 	for _, r := range b.rings {
 		if r != nil {
@@ -408,19 +388,55 @@ func (b *Backend) resetDevice() {
 	b.dirty.Replace(nil, nil) // a device started again gets a new log
 	b.acked = 0
 	b.status = 0
+	return nil
+}
+
+// ringState decodes a ring state payload (SET_VRING_NUM, SET_VRING_BASE,
+// SET_VRING_ENABLE, GET_VRING_BASE): the ring it names and its value.
+func (b *Backend) ringState(m *Message) (*vring, vringState, error) {
+	s, err := payloadVringState(m)
+	if err != nil {
+		return nil, s, err
+	}
+	r, err := b.ring(s.index)
+	return r, s, err
+}
+
+// stoppedRing is ringState for a message that configures a ring that must
+// not be running.
+func (b *Backend) stoppedRing(m *Message) (*vring, vringState, error) {
+	r, s, err := b.ringState(m)
+	if err == nil && r.started() {
+		err = fmt.Errorf("ring %d is running", s.index)
+	}
+	return r, s, err
+}
+
+// ringFile decodes a ring file payload (SET_VRING_KICK, SET_VRING_CALL,
+// SET_VRING_ERR): the ring it names and the fd attached, which is -1 when
+// the front end sends none (NOFD). what names the fd in an error.
+func (b *Backend) ringFile(m *Message, what string) (*vring, int, error) {
+	v, err := payloadU64(m)
+	if err != nil {
+		return nil, -1, err
+	}
+	r, err := b.ring(uint32(v & vringIdxMask))
+	if err != nil {
+		return nil, -1, err
+	}
+	fd := -1
+	if v&vringNoFD == 0 {
+		if fd = m.takeFD(); fd < 0 {
+			return nil, -1, fmt.Errorf("ring %d: no %s attached", r.index, what)
+		}
+	}
+	return r, fd, nil
 }
 
 func (b *Backend) setVringNum(m *Message) error {
-	s, err := payloadVringState(m)
+	r, s, err := b.stoppedRing(m)
 	if err != nil {
 		return err
-	}
-	r, err := b.ring(s.index)
-	if err != nil {
-		return err
-	}
-	if r.started() {
-		return fmt.Errorf("ring %d is running", s.index)
 	}
 	if s.num == 0 || s.num > virtqueue.MaxSize {
 		return fmt.Errorf("ring %d size %d not in 1..%d", s.index, s.num, virtqueue.MaxSize)
@@ -433,16 +449,9 @@ func (b *Backend) setVringNum(m *Message) error {
 }
 
 func (b *Backend) setVringBase(m *Message) error {
-	s, err := payloadVringState(m)
+	r, s, err := b.stoppedRing(m)
 	if err != nil {
 		return err
-	}
-	r, err := b.ring(s.index)
-	if err != nil {
-		return err
-	}
-	if r.started() {
-		return fmt.Errorf("ring %d is running", s.index)
 	}
 	// A packed ring's base is 32 bits (both indices and wrap counters),
 	// checked against the ring's size when it starts.
@@ -481,19 +490,9 @@ func (b *Backend) setVringAddr(m *Message) error {
 
 // setVringKick starts the ring (or swaps its kick fd if it runs).
 func (b *Backend) setVringKick(m *Message) error {
-	v, err := payloadU64(m)
+	r, fd, err := b.ringFile(m, "kick fd")
 	if err != nil {
 		return err
-	}
-	r, err := b.ring(uint32(v & vringIdxMask))
-	if err != nil {
-		return err
-	}
-	fd := -1
-	if v&vringNoFD == 0 {
-		if fd = m.takeFD(); fd < 0 {
-			return fmt.Errorf("ring %d: no kick fd attached", r.index)
-		}
 	}
 	if r.started() {
 		r.pause()
@@ -520,31 +519,20 @@ func (b *Backend) setVringKick(m *Message) error {
 	return nil
 }
 
+func (b *Backend) setVringCall(m *Message) error { return b.setVringFile(m, (*vring).setCall) }
+func (b *Backend) setVringErr(m *Message) error  { return b.setVringFile(m, (*vring).setErr) }
+
 func (b *Backend) setVringFile(m *Message, set func(*vring, int)) error {
-	v, err := payloadU64(m)
+	r, fd, err := b.ringFile(m, "fd")
 	if err != nil {
 		return err
-	}
-	r, err := b.ring(uint32(v & vringIdxMask))
-	if err != nil {
-		return err
-	}
-	fd := -1
-	if v&vringNoFD == 0 {
-		if fd = m.takeFD(); fd < 0 {
-			return fmt.Errorf("ring %d: no fd attached", r.index)
-		}
 	}
 	set(r, fd)
 	return nil
 }
 
 func (b *Backend) setVringEnable(m *Message) error {
-	s, err := payloadVringState(m)
-	if err != nil {
-		return err
-	}
-	r, err := b.ring(s.index)
+	r, s, err := b.ringState(m)
 	if err != nil {
 		return err
 	}
@@ -566,12 +554,8 @@ func (b *Backend) setVringEnable(m *Message) error {
 // pushed, so a restart at that index neither repeats nor loses a request.
 func (b *Backend) getVringBase(m *Message) ([]byte, error) {
 	reply := make([]byte, 8)
-	s, err := payloadVringState(m)
-	if err != nil {
-		return reply, err
-	}
-	binary.LittleEndian.PutUint32(reply, s.index)
-	r, err := b.ring(s.index)
+	r, s, err := b.ringState(m)
+	binary.LittleEndian.PutUint32(reply, s.index) // 0 when the payload is short
 	if err != nil {
 		return reply, err
 	}

@@ -33,9 +33,10 @@
 // heavy request (a READ or WRITE of 32 KiB or more: Classify) while more
 // chains wait wakes one parked server, if the budget has a unit left,
 // unless it writes the file the ring's last large write wrote (a second
-// server would only wait for the file's lock); a server returns its unit
-// when it parks. Small requests stay on one server: waking another costs
-// more than it saves.
+// server would only wait for the file's lock). The units belong to the
+// ring, not to the server woken: as its servers park, the ring gives back
+// those beyond one fewer than its servers awake. Small requests stay on
+// one server: waking another costs more than it saves.
 //
 // When the guest is signalled. A server signals (Queue.Notify: with
 // EVENT_IDX, only if the guest asked) for the replies it pushed once they
@@ -60,4 +61,57 @@
 // wake a second server: the 1 MiB rows of make bench need one, the 4 KiB
 // rows are faster without. pollInterval serves a ring whose front end
 // sent no kick fd; no benchmark row needs it, and QEMU never does that.
+//
+// # Counting rules
+//
+// A ring's runner keeps, under its lock, its servers, the parked ones
+// (with those never started, which lie under them and start lowest index
+// first), how many servers are awake and how many live (goroutines), the
+// worker budget units the ring holds (extras) and whether one watches; the
+// back end counts the units all rings hold (busyWorkers). No server exits
+// before the ring stops, and until then parked + awake = servers and a
+// server is awake (serving or watching). live = awake + the parked servers
+// that started; 0 ≤ extras ≤ awake − 1, and extras ≤ busyWorkers; a parked
+// server holds no memory table and no wake-up; and with every serving
+// ring's lock held, busyWorkers = the rings' extras ≤ Workers. rules.go
+// checks them in -race builds (every test of the project, and the daemon
+// the integration tests build) and with -tags schedcheck, each time a
+// runner's lock is released, that is after every transition, and panics
+// naming the rule and the counts; the release binary has none of it.
+//
+// # Rationale
+//
+// Figures from this project's 2-CPU machine (make bench; README,
+// Performance).
+//
+// The watcher sleeps in ppoll on its server's thread: through Go's
+// netpoller a kick wakes the poller's thread, which then runs the
+// scheduler to find and resume the server; on a guest doing 4 KiB requests
+// one at a time, that extra work is CPU taken from its vCPUs.
+//
+// A P per ring watched (Config.RingsWatched; cmd/govirtiofsd sets
+// GOMAXPROCS). A thread asleep in a system call still holds its P. With no
+// idle P left, sysmon takes it away after 20 µs and hands it to a fresh
+// thread, and the sleeper must win a P back when it wakes: on the metadata
+// cycle that was 61k context switches a second against 13k. The Ps grow
+// when a ring is first started, to the most rings any back end of the
+// process started, and are never given back: changing GOMAXPROCS stops the
+// world, and a world stop on the message loop after a stopped ring's
+// servers exited had not completed after 10 s, twice in about 56,000
+// connections of the bench's front end (GET_VRING_BASE unanswered, Go
+// 1.26), when every start and stop changed it. QEMU sets up every ring
+// before it enables the first, so the few changes left come before any
+// server runs. They are not reserved up front for every ring a back end
+// may have: each P has its own allocation caches and garbage collector
+// worker, and the default 255 request queues took the idle daemon from 3
+// to 10 MiB of anonymous memory.
+//
+// The watcher yields once per wait (runtime.Gosched). The runtime takes a
+// goroutine that has run on one scheduler tick for 10 ms for a hog: it
+// preempts it, takes its P while it sleeps in a system call, and then
+// polls every 20 µs for a while. A server that only ever sleeps in ppoll
+// and serves never passes through the scheduler. The yield costs a
+// fraction of a microsecond; without it the runtime's monitor preempted
+// the server's thread thousands of times a second on the depth-1 rows
+// (about 2,300: README, Parallelism under vhost-user behaviour).
 package vhostuser

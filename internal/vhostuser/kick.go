@@ -2,26 +2,16 @@ package vhostuser
 
 import (
 	"fmt"
-	"runtime"
-	"sync"
 
 	"golang.org/x/sys/unix"
 )
 
 // kickWatch is how a runner sleeps until the guest kicks its ring. The
 // watching server sleeps in ppoll(2) on the thread it runs on, as the C
-// daemon's queue thread does, so a kick wakes that thread and nothing else.
-// Through Go's netpoller a kick wakes the poller's thread, which then runs
-// the scheduler to find and resume the server: on a guest doing 4 KiB
-// requests one at a time, that extra work is CPU taken from its vCPUs.
-//
-// A thread asleep in a system call still holds its P (GOMAXPROCS slot).
-// With no idle P left, sysmon takes it away after 20 us and hands it to a
-// fresh thread, and the sleeper must win a P back when it wakes: on the
-// metadata cycle that was 61k context switches a second against 13k. So
-// GOMAXPROCS has one P more than the CPUs for every ring started
-// (reserveWatchers), and the Ps the CPUs stand for stay free for the
-// servers that work.
+// daemon's queue thread does, so a kick wakes that thread and nothing else
+// (through Go's netpoller it would wake the poller's thread, which then
+// runs the scheduler to find the server). The sleeping thread holds its P:
+// Config.RingsWatched lets the daemon add one per ring (doc.go, Rationale).
 type kickWatch struct {
 	kick int // our dup of the front end's kick eventfd
 	stop int // an eventfd of our own; written once, to end every wait
@@ -77,47 +67,4 @@ func (k *kickWatch) interrupt() {
 func (k *kickWatch) close() {
 	unix.Close(k.kick)
 	unix.Close(k.stop)
-}
-
-// watchers is the process's reservation of Ps for kick watchers, across
-// back ends.
-var watchers struct {
-	sync.Mutex
-	base     int // GOMAXPROCS before the first reservation: the CPUs
-	reserved int // Ps added: the most rings any back end may watch
-}
-
-// reserveWatchers makes room for n watchers: rings 0 to n-1. It is called
-// when a ring is first started (vring.start), never when one stops, and
-// the Ps only grow, to the most rings any back end of the process started:
-// changing GOMAXPROCS stops the world, and a world stop on the message loop
-// after a stopped ring's servers exited had not completed after 10 s, twice
-// in about 56,000 connections of the bench's front end (GET_VRING_BASE
-// unanswered, Go 1.26), when every start and stop changed it. QEMU sets up
-// every ring before it enables the first, so the few changes left come
-// before any server runs. Not reserved up front for every ring a back end
-// may have: each P has its own allocation caches and garbage collector
-// worker, and the default 255 request queues took the idle daemon from 3
-// to 10 MiB of anonymous memory.
-func reserveWatchers(n int) {
-	watchers.Lock()
-	defer watchers.Unlock()
-	if watchers.reserved == 0 {
-		watchers.base = runtime.GOMAXPROCS(0)
-	}
-	if n > watchers.reserved {
-		watchers.reserved = n
-		runtime.GOMAXPROCS(watchers.base + n)
-	}
-}
-
-// procsWithoutWatchers is GOMAXPROCS less what the watchers added: the CPUs
-// the servers have (DefaultWorkers).
-func procsWithoutWatchers() int {
-	watchers.Lock()
-	defer watchers.Unlock()
-	if watchers.reserved > 0 {
-		return watchers.base
-	}
-	return runtime.GOMAXPROCS(0)
 }

@@ -2,6 +2,8 @@ package vhostuser
 
 import (
 	"runtime"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -63,46 +65,70 @@ func TestKickWatch(t *testing.T) {
 	<-waited
 }
 
-// TestWatchersReserveProcs: a P is reserved for every ring started, not for
-// every ring a back end may have (each P costs memory); GOMAXPROCS never
-// shrinks, and DefaultWorkers still counts the CPUs alone. Stopping and
-// restarting rings must not change it: that stops the world on the message
-// loop (reserveWatchers).
-func TestWatchersReserveProcs(t *testing.T) {
-	base := procsWithoutWatchers()
+// reserveTestProcs gives the test process the daemon's Ps (cmd/govirtiofsd,
+// procs.go: a P more than the CPUs for each ring watched), so that the
+// runner tests serve as the daemon's rings do.
+func reserveTestProcs(n int) {
+	if p := testCPUs + n; p > runtime.GOMAXPROCS(0) {
+		runtime.GOMAXPROCS(p)
+	}
+}
+
+var testCPUs = runtime.GOMAXPROCS(0)
+
+// TestRingsWatched: a back end tells Config.RingsWatched of the rings that
+// may have a watcher once for each larger count, before the ring is
+// served: rings 0-2 started, 1, 2 and 3. Nothing for a back end whose
+// rings did not start (each P costs memory), nothing when a ring stops or
+// restarts (a change of GOMAXPROCS there stops the world on the message
+// loop), and the package itself leaves GOMAXPROCS alone.
+func TestRingsWatched(t *testing.T) {
+	var mu sync.Mutex
+	var told []int
+	record := func(n int) {
+		mu.Lock()
+		defer mu.Unlock()
+		told = append(told, n)
+	}
+	seen := func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(told)
+	}
 	before := runtime.GOMAXPROCS(0)
-	if _, err := NewBackend(Config{Handler: HandlerFunc(func(int) RequestHandler { return echoHandler{} }), RequestQueues: MaxRings - 1}); err != nil {
+	if _, err := NewBackend(Config{Handler: HandlerFunc(func(int) RequestHandler { return echoHandler{} }),
+		RequestQueues: MaxRings - 1, RingsWatched: record}); err != nil {
 		t.Fatal(err)
 	}
-	if got := runtime.GOMAXPROCS(0); got != before {
-		t.Errorf("a back end with %d rings, none started: GOMAXPROCS %d, want %d", MaxRings, got, before)
+	if got := seen(); len(got) != 0 {
+		t.Errorf("a back end with %d rings, none started: told %v, want nothing", MaxRings, got)
 	}
-	if got := procsWithoutWatchers(); got != base {
-		t.Errorf("CPUs with watchers: %d, want %d", got, base)
-	}
-	_, d := startProbeRings(t, 2, 1)
-	var want int
-	for i := range 3 {
+	_, d := startProbeWatched(t, 2, 1, record)
+	want := []int{1, 2, 3}
+	for range 3 {
 		at, err := d.StopQueue(2)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := runtime.GOMAXPROCS(0)
-		switch {
-		case i == 0 && got < base+3:
-			// Answered after every message before it: rings 0-2
-			// were started, three watchers.
-			t.Fatalf("rings 0-2 started: GOMAXPROCS %d, want at least %d", got, base+3)
-		case i == 0:
-			want = got
-		case got != want:
-			t.Fatalf("ring 2 stopped: GOMAXPROCS %d, want %d", got, want)
+		// Answered after every message before it.
+		if got := seen(); !slices.Equal(got, want) {
+			t.Fatalf("rings 0-2 started, ring 2 stopped: told %v, want %v", got, want)
 		}
 		if err := d.RestartQueue(2, at, false); err != nil {
 			t.Fatal(err)
 		}
-		if got := runtime.GOMAXPROCS(0); got != want {
-			t.Fatalf("ring 2 restarted: GOMAXPROCS %d, want %d", got, want)
+		at1, err := d.StopQueue(1) // answered after the restart
+		if err != nil {
+			t.Fatal(err)
 		}
+		if err := d.RestartQueue(1, at1, false); err != nil {
+			t.Fatal(err)
+		}
+		if got := seen(); !slices.Equal(got, want) {
+			t.Fatalf("ring 2 restarted: told %v, want %v", got, want)
+		}
+	}
+	if got := runtime.GOMAXPROCS(0); got != before {
+		t.Errorf("GOMAXPROCS %d, was %d: the back end changed it", got, before)
 	}
 }

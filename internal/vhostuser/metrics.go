@@ -11,10 +11,10 @@ import (
 // only atomics. The ring's servers update them once per snapshot or per
 // chain; with metrics off a runner has none and pays one nil check.
 type ringStats struct {
-	active    atomic.Bool   // started and enabled: a goroutine serves it
+	active    atomic.Bool   // started and enabled: its servers serve it
 	depth     atomic.Uint32 // chains waiting at the last snapshot, less those popped since
 	popped    atomic.Uint64
-	completed atomic.Uint64 // pushed to the used ring
+	completed atomic.Uint64 // answered in the used ring (or, a bad head, dropped)
 }
 
 // took counts a chain popped, which the guest no longer has waiting. Its

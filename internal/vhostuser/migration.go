@@ -39,10 +39,8 @@ type DeviceState interface {
 	LoadState(r io.Reader) error
 }
 
-// Virtio and vhost-user bits of migration.
+// Vhost-user bits of migration (VHOST_F_LOG_ALL is with the features).
 const (
-	featLogAll = 1 << 26 // VHOST_F_LOG_ALL
-
 	vringFlagLog = 1 << 0 // VHOST_VRING_F_LOG in SET_VRING_ADDR's flags
 
 	// SET_DEVICE_STATE_FD's directions and its one phase.
@@ -113,18 +111,6 @@ func (b *Backend) setLogBase(m *Message) error {
 	}
 	b.dirty.Replace(data[offset:end:end], func([]byte) { unix.Munmap(data) })
 	b.log.Debug("dirty log mapped", "size", size, "offset", offset)
-	return nil
-}
-
-// setFeatures applies SET_FEATURES. Only VHOST_F_LOG_ALL may change while
-// rings run: it starts and stops the dirty logging of a migration.
-func (b *Backend) setFeatures(v uint64) error {
-	if extra := v &^ b.offered; extra != 0 {
-		return fmt.Errorf("features %#x were not offered", extra)
-	}
-	was := b.acked&featLogAll != 0
-	b.acked = v
-	b.setLogging(v&featLogAll != 0, was)
 	return nil
 }
 

@@ -9,39 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
 	"github.com/govirtiofsd/govirtiofsd/internal/virtqueue"
 )
 
-// Classifier is implemented by request handlers that can tell, from a popped
-// request, how it should be scheduled.
-type Classifier interface {
-	// Classify peeks at request in without consuming it. heavy marks a
-	// request whose service dwarfs the cost of waking another server (a
-	// large READ or WRITE); slow marks one that may take long whatever its
-	// size (an fsync): the replies pushed before it are signalled first.
-	// writeNode is the node a heavy WRITE writes, 0 for any other request.
-	Classify(in *bufvec.Vec) (heavy bool, writeNode uint64, slow bool)
-}
-
-// slot is one server's request state: the chain it serves and the handler
-// scratch that serves it. A ring's slots are made once per queue size, the
-// first time each server runs, and kept across stop and start (vring.slots).
-type slot struct {
-	chain    *virtqueue.DescChain
-	handler  RequestHandler
-	classify Classifier // nil: every request is cheap and quick
-}
-
-func (r *vring) newSlot() *slot {
-	h := r.b.cfg.Handler.QueueHandler(r.index)
-	c, _ := h.(Classifier)
-	return &slot{chain: virtqueue.NewDescChain(r.num), handler: h, classify: c}
-}
-
 // pollInterval is how often a ring without a kick fd (SET_VRING_KICK with
-// NOFD: the front end asks to be polled) is looked at. No benchmark row
-// needs it: QEMU always sends a kick fd.
+// NOFD: the front end asks to be polled) is looked at (doc.go, Tunables).
 const pollInterval = 200 * time.Microsecond
 
 // runner serves one started, enabled ring.
@@ -53,8 +25,8 @@ type runner struct {
 	stopping atomic.Bool
 	done     chan struct{} // closed when the last server has exited
 
-	// mu guards the Queue's consumer side (Snapshot, PopSeen,
-	// EnableNotify, Seen, Waiting) and the fields below.
+	// mu guards the Queue's consumer side (Snapshot, PopSeen, EnableNotify,
+	// Seen, Waiting) and the fields below; unlock (rules.go) releases it.
 	mu       sync.Mutex
 	servers  []*server
 	parked   []*server // never started, or parked; most recently parked last
@@ -108,7 +80,7 @@ func startRunner(r *vring, q *virtqueue.Queue, kickFD int) *runner {
 	rn.mu.Lock()
 	rn.awake++
 	rn.startLocked(rn.servers[0])
-	rn.mu.Unlock()
+	rn.unlock()
 	return rn
 }
 
@@ -119,11 +91,11 @@ func (rn *runner) stop() {
 	// A request waiting for the VMM (FS_IO) would wait forever: the VMM
 	// answers only after we answer the message that stops this ring.
 	b := rn.r.b
-	b.backend.abort()
-	defer b.backend.endAbort()
+	b.channel.abort()
+	defer b.channel.endAbort()
 	rn.mu.Lock()
 	rn.endLocked()
-	rn.mu.Unlock()
+	rn.unlock()
 	<-rn.done
 	if err := rn.q.Notify(); err != nil {
 		rn.r.log().Warn("notify guest", "err", err)
@@ -198,17 +170,19 @@ func (s *server) run() {
 			s.slot.chain.Release()
 			rn.mu.Lock()
 			rn.endLocked()
-			rn.mu.Unlock()
+			rn.unlock()
 		}
 		rn.mu.Lock()
 		s.leaveLocked()
-		if rn.live--; rn.live == 0 {
-			if rn.stats != nil {
-				rn.stats.active.Store(false)
-			}
-			close(rn.done)
+		rn.live--
+		last := rn.live == 0
+		if last && rn.stats != nil {
+			rn.stats.active.Store(false)
 		}
-		rn.mu.Unlock()
+		rn.unlock()
+		if last {
+			close(rn.done) // the message loop takes the ring back: nothing of it is touched after
+		}
 	}()
 	for s.next() {
 		sl := s.slot
@@ -232,7 +206,7 @@ func (s *server) next() bool {
 	rn := s.rn
 	q := rn.q
 	rn.mu.Lock()
-	defer rn.mu.Unlock()
+	defer rn.unlock()
 	for {
 		if s.unsignalled > 0 && q.Waiting(s.unsignalled+1) <= s.unsignalled {
 			s.signal()
@@ -304,7 +278,7 @@ func (s *server) parkLocked() {
 	rn := s.rn
 	s.leaveLocked()
 	rn.parked = append(rn.parked, s)
-	rn.mu.Unlock()
+	rn.unlock()
 	<-s.wake
 	rn.mu.Lock()
 }
@@ -323,14 +297,9 @@ func (s *server) watchLocked(noMemory bool) {
 	putMem(&s.mem)
 	putMem(&rn.mem)
 	rn.watching = true
-	rn.mu.Unlock()
-	// The runtime takes a goroutine that has run on one scheduler tick
-	// for 10 ms for a hog: it preempts it, takes its P while it sleeps in
-	// a system call, and then polls every 20 µs for a while. A server
-	// that only ever sleeps in ppoll and serves never passes through the
-	// scheduler, so it yields here once per wait: a fraction of a
-	// microsecond, against the server's thread preempted by the runtime's
-	// monitor thousands of times a second (depth-1 rows, bench).
+	rn.unlock()
+	// Yield once per wait, or the runtime takes a server that only
+	// serves and sleeps in ppoll for a hog (doc.go, Rationale).
 	runtime.Gosched()
 	var err error
 	if rn.kick == nil {
@@ -423,8 +392,8 @@ func (rn *runner) popLocked(s *server) popState {
 	switch {
 	case err == nil:
 		if q.AllowsUnmapped() {
-			c.Readable.SetBouncer(&rn.r.b.backend)
-			c.Writable.SetBouncer(&rn.r.b.backend)
+			c.Readable.SetBouncer(&rn.r.b.channel)
+			c.Writable.SetBouncer(&rn.r.b.channel)
 		}
 		return popped
 	case errors.Is(err, virtqueue.ErrBadChain):
@@ -454,11 +423,6 @@ func (rn *runner) bad(err error) {
 		rn.r.log().Warn("malformed chain returned", "err", err, "count", n)
 	}
 }
-
-// DefaultWorkers is the worker budget without --thread-pool-size: one fewer
-// than the CPUs this process may run on (GOMAXPROCS, which also heeds a
-// cgroup CPU limit; at least one), so a busy ring has one server per CPU.
-func DefaultWorkers() int { return max(procsWithoutWatchers()-1, 1) }
 
 // takeWorker claims one unit of the back end's worker budget, shared by
 // all rings: one atomic add, no lock.

@@ -29,6 +29,7 @@ import (
 // would, once done), how long to take, in microseconds (bytes 12-15), and
 // a tag (bytes 16-23; not 0: record who served it).
 type probe struct {
+	b        *Backend // the back end it serves
 	mu       sync.Mutex
 	inflight map[uint64]int // heavy writes in service per node
 	overlap  int            // heavy writes to one node served side by side
@@ -202,16 +203,23 @@ func startProbe(t *testing.T, workers int) (*probe, *vmm.Device) {
 	return startProbeRings(t, 1, workers)
 }
 
-// startProbeRings is startProbe with rings request rings.
+// startProbeRings is startProbe with rings request rings. The process has
+// the daemon's Ps (reserveTestProcs).
 func startProbeRings(t *testing.T, rings, workers int) (*probe, *vmm.Device) {
+	return startProbeWatched(t, rings, workers, reserveTestProcs)
+}
+
+// startProbeWatched is startProbeRings with watched as Config.RingsWatched.
+func startProbeWatched(t *testing.T, rings, workers int, watched func(int)) (*probe, *vmm.Device) {
 	t.Helper()
 	p := &probe{inflight: map[uint64]int{}, tagged: map[uint64]servedBy{}}
-	b, err := NewBackend(Config{RequestQueues: rings, Tag: "probe", Workers: workers,
+	b, err := NewBackend(Config{RequestQueues: rings, Tag: "probe", Workers: workers, RingsWatched: watched,
 		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Handler: HandlerFunc(func(ring int) RequestHandler { p.handlers.Add(1); return probeQueue{p, ring} })})
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.b = b
 	opts := vmm.DefaultOptions()
 	opts.Queues = 1 + rings
 	return p, serveOne(t, b, func(sock string) (*vmm.Device, error) { return vmm.Start(sock, opts) })

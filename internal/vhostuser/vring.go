@@ -11,12 +11,12 @@ import (
 )
 
 // vring is the daemon's view of one virtqueue: what the front end configured
-// and, once the ring is started (SET_VRING_KICK) and enabled, the goroutine
-// that serves it.
+// and, once the ring is started (SET_VRING_KICK) and enabled, the runner
+// whose server goroutines serve it.
 //
-// Configuration fields are touched only by the message loop. The serving
-// goroutine owns the Queue's consumer side while it runs; the message loop
-// stops it (and waits) before it touches the Queue again.
+// Configuration fields are touched only by the message loop. The runner
+// owns the Queue's consumer side while it runs; the message loop stops it
+// (and waits) before it touches the Queue again.
 type vring struct {
 	index int
 	b     *Backend
@@ -35,7 +35,7 @@ type vring struct {
 	queue *virtqueue.Queue // non-nil while started
 	slots []*slot          // request state per server, made on first need, kept across stop/start while the size holds
 
-	run     *runner // non-nil while the serving goroutine runs
+	run     *runner // non-nil while the ring is served
 	badSeen atomic.Uint64
 }
 
@@ -79,7 +79,7 @@ func (r *vring) start() error {
 		Indirect:  r.b.acked&featIndirectDesc != 0,
 		// Buffers outside guest memory (a DAX window) can be bounced
 		// through the VMM only over a negotiated back-end channel.
-		AllowUnmapped: r.b.backend.bounceUsable(),
+		AllowUnmapped: r.b.channel.bounceUsable(),
 		Log:           &r.b.dirty,
 		LogUsed:       r.addr.flags&vringFlagLog != 0,
 		UsedLogAddr:   r.addr.logGPA,
@@ -89,7 +89,12 @@ func (r *vring) start() error {
 	}
 	q.SetCall(r.callFD)
 	r.queue = q
-	reserveWatchers(r.index + 1)
+	if n := r.index + 1; n > r.b.watched { // rings 0 to n-1 may have a watcher
+		r.b.watched = n
+		if r.b.cfg.RingsWatched != nil {
+			r.b.cfg.RingsWatched(n)
+		}
+	}
 	if len(r.slots) > 0 && r.slots[0].chain.Cap() != int(r.num) {
 		r.slots = nil // a new queue size: each server makes its slot again
 	}
@@ -98,22 +103,24 @@ func (r *vring) start() error {
 	return nil
 }
 
-// resume starts the serving goroutine if the ring is started and enabled.
+// resume starts serving the ring if it is started and enabled.
 func (r *vring) resume() {
 	if r.run != nil || r.queue == nil || !r.enabled || r.queue.Broken() {
 		return
 	}
 	r.run = startRunner(r, r.queue, r.kickFD)
+	r.b.checkWorkers()
 }
 
-// pause stops the serving goroutine and waits until every chain it popped
-// has been completed and pushed.
+// pause stops serving the ring and waits until every chain its servers
+// popped has been completed and pushed.
 func (r *vring) pause() {
 	if r.run == nil {
 		return
 	}
 	r.run.stop()
 	r.run = nil
+	r.b.checkWorkers()
 }
 
 // stop pauses the ring, records where it stopped and releases its Queue: the
@@ -159,4 +166,20 @@ func (r *vring) reset() {
 	r.setErr(-1)
 	r.num, r.base, r.baseSet, r.enabled, r.hasAddr = 0, 0, false, false, false
 	r.addr = vringAddr{}
+}
+
+// slot is one server's request state: the chain it serves and the
+// RequestHandler made for it (Config.Handler). A ring's slots are made once
+// per queue size, the first time each server runs, and kept across stop
+// and start (vring.slots).
+type slot struct {
+	chain    *virtqueue.DescChain
+	handler  RequestHandler
+	classify Classifier // nil: every request is cheap and quick
+}
+
+func (r *vring) newSlot() *slot {
+	h := r.b.cfg.Handler.QueueHandler(r.index)
+	c, _ := h.(Classifier)
+	return &slot{chain: virtqueue.NewDescChain(r.num), handler: h, classify: c}
 }

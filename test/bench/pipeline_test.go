@@ -52,7 +52,7 @@ func benchPipeline(b *testing.B, w Workload, rings int) {
 	}
 	srv := fuse.NewServer(fsys, fuse.ServerOptions{}, log)
 	backend, err := vhostuser.NewBackend(vhostuser.Config{RequestQueues: rings, Tag: "bench", Logger: log,
-		Workers: vhostuser.DefaultWorkers(),
+		Workers: max(pipelineCPUs-1, 1), RingsWatched: reservePipelineProcs,
 		Handler: vhostuser.HandlerFunc(func(i int) vhostuser.RequestHandler { return srv.Queue(i) })})
 	if err != nil {
 		b.Fatal(err)
@@ -91,4 +91,15 @@ func benchPipeline(b *testing.B, w Workload, rings int) {
 	}
 	b.ReportMetric(float64(m1.Mallocs-m0.Mallocs)/float64(res.Ops), "allocs/req")
 	b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/float64(res.Ops), "B/req")
+}
+
+// The daemon's default worker budget and Ps (cmd/govirtiofsd, procs.go):
+// a worker fewer than the CPUs, and a P more than the CPUs for each ring
+// watched.
+var pipelineCPUs = runtime.GOMAXPROCS(0)
+
+func reservePipelineProcs(n int) {
+	if p := pipelineCPUs + n; p > runtime.GOMAXPROCS(0) {
+		runtime.GOMAXPROCS(p)
+	}
 }

@@ -1,0 +1,5 @@
+//go:build race || schedcheck
+
+package vhostuser
+
+const checkRules = true // every test build of the project is -race
