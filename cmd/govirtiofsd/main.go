@@ -54,21 +54,19 @@ func main() {
 // newCommand returns the command line; stop carries the exit signals
 // (exitSignals), nil where the command is only parsed.
 func newCommand(stop chan os.Signal) *cobra.Command {
-	// announce_submounts is on by default, as in the Rust virtiofsd 1.13:
-	// a migration from it carries the setting, and a destination with it
-	// off refuses the state.
-	o := &Options{FD: -1, Queues: vhostuser.MaxRings - 1, LogLevel: "info", Cache: "auto", InodeFileHandles: "never",
-		ThreadPoolSize: -1, RlimitNofile: -1, MigrationMode: "find-paths", MigrationOnError: "abort", AnnounceSubmounts: true}
+	o := newOptions()
 	cmd := &cobra.Command{
 		Use:           "govirtiofsd --socket-path PATH --shared-dir DIR",
 		Short:         "virtio-fs daemon: share a host directory with a virtual machine",
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		RunE:          func(cmd *cobra.Command, args []string) error { return run(o, cmd.OutOrStdout(), stop) },
+		PreRunE:       func(*cobra.Command, []string) error { return o.validate() },
+		RunE:          func(cmd *cobra.Command, _ []string) error { return run(o, cmd.OutOrStdout(), stop) },
 	}
-	cmd.SetVersionTemplate("") // -V is ours
 	registerFlags(cmd.Flags(), o)
+	cmd.SetFlagErrorFunc(flagError)
+	cmd.SetUsageFunc(usageFunc(o))
 	return cmd
 }
 
