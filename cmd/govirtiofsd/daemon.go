@@ -94,6 +94,8 @@ func (l *pidLock) remove() {
 // virtiofsd forks only after its front end connected; returning once the
 // socket listens is what a caller that starts the VMM next needs.
 func daemonize(ln *net.UnixListener, lock *pidLock) error {
+	ln.SetUnlinkOnClose(false) // the background daemon's now
+	defer ln.Close()
 	lf, err := ln.File()
 	if err != nil {
 		return fmt.Errorf("daemonize: %w", err)

@@ -12,7 +12,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -54,21 +53,19 @@ func main() {
 // newCommand returns the command line; stop carries the exit signals
 // (exitSignals), nil where the command is only parsed.
 func newCommand(stop chan os.Signal) *cobra.Command {
-	// announce_submounts is on by default, as in the Rust virtiofsd 1.13:
-	// a migration from it carries the setting, and a destination with it
-	// off refuses the state.
-	o := &Options{FD: -1, Queues: vhostuser.MaxRings - 1, LogLevel: "info", Cache: "auto", InodeFileHandles: "never",
-		ThreadPoolSize: -1, RlimitNofile: -1, MigrationMode: "find-paths", MigrationOnError: "abort", AnnounceSubmounts: true}
+	o := newOptions()
 	cmd := &cobra.Command{
 		Use:           "govirtiofsd --socket-path PATH --shared-dir DIR",
 		Short:         "virtio-fs daemon: share a host directory with a virtual machine",
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		RunE:          func(cmd *cobra.Command, args []string) error { return run(o, cmd.OutOrStdout(), stop) },
+		PreRunE:       func(*cobra.Command, []string) error { return o.validate() },
+		RunE:          func(cmd *cobra.Command, _ []string) error { return run(o, cmd.OutOrStdout(), stop) },
 	}
-	cmd.SetVersionTemplate("") // -V is ours
 	registerFlags(cmd.Flags(), o)
+	cmd.SetFlagErrorFunc(flagError)
+	cmd.SetUsageFunc(usageFunc(o))
 	return cmd
 }
 
@@ -92,142 +89,41 @@ const (
 	childLockFD    = 5                        // the pid file lock, with --socket-path
 )
 
+// run is the daemon, stage by stage. Every process of it runs the same
+// command line (the sandbox's stages and --daemonize start this binary
+// again); process says which does what. The first process opens
+// everything outside the share; inside the sandbox a stage builds the file
+// system, the FUSE server on it and the vhost-user back end, and serves
+// one front end.
 func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
-	if o.Version {
-		fmt.Fprintf(stdout, "govirtiofsd %s\n", version)
+	if o.Version || o.PrintCapabilities {
+		printInfo(o, stdout)
 		return nil
 	}
-	if o.PrintCapabilities {
-		fmt.Fprintln(stdout, capabilities)
-		return nil
-	}
-	if err := o.validate(); err != nil {
+	d := &daemon{o: o, proc: thisProcess(o)}
+	if err := d.startLogging(); err != nil {
 		return err
 	}
-	// The first process opens everything outside the share; the stages of
-	// a sandboxed daemon (sandbox.Resumed) find it handed in. The first
-	// process of a sandboxed daemon, once the daemon has ended
-	// (sandbox.Reaped), only reports and removes what it created.
-	reaped := sandbox.Reaped()
-	first := !sandbox.Resumed() && !reaped
-	// The syslog connection is opened first: nothing later may assume
-	// /dev/log is reachable (it is not inside a sandbox).
-	var syslogConn *net.UnixConn
-	if o.Syslog && (first || reaped) {
-		c, err := dialSyslog(syslogPath())
-		if err != nil {
-			// As syslog(3) does, lose nothing: fall back to stderr.
-			fmt.Fprintf(os.Stderr, "govirtiofsd: %v; logging to stderr\n", err)
-		} else {
-			syslogConn = c
-			defer c.Close()
-		}
+	defer d.closeSyslog()
+	if d.proc.parent {
+		return d.startInBackground(sigs)
 	}
-	var logTo net.Conn // nil: stderr (not a nil *net.UnixConn)
-	if syslogConn != nil {
-		logTo = syslogConn
+	d.logNotes()
+	var err error
+	if d.sandbox, err = sandboxConfig(o, d.log); err != nil {
+		return err
 	}
-	log, err := newLogger(o.LogLevel, logTo)
+	if d.proc.reaped {
+		return reap(o, d.sandbox)
+	}
+	d.sandbox.Signals = sigs
+
+	files, cleanup, err := d.openOutside()
+	defer cleanup()
 	if err != nil {
 		return err
 	}
-	slog.SetDefault(log) // the packages' own lines (passthrough) go where ours go
-	child := os.Getenv(envDaemonChild) == "1"
-	if first && o.Daemonize && !child {
-		// The --daemonize parent only waits for the daemon to be
-		// ready: a signal ends it by the default action. One that came
-		// already ends it before it creates anything.
-		signal.Stop(sigs)
-		select {
-		case <-sigs:
-			return nil
-		default:
-		}
-		sigs = nil
-	}
-	if first && (!o.Daemonize || child) {
-		for _, n := range o.notes {
-			log.Info(n)
-		}
-	}
-	sbcfg, err := sandboxConfig(o, log)
-	if err != nil {
-		return err
-	}
-	if reaped {
-		return reap(o, sbcfg)
-	}
-	sbcfg.Signals = sigs
-
-	// The first process creates the sockets and holds the pid lock; it
-	// removes them when the daemon is gone: the supervisor of a sandboxed
-	// daemon, or the daemon itself with --sandbox none (inside a sandbox
-	// the paths would name files of the share).
-	var files []sandbox.File
-	cleanup := func() {}
-	if first {
-		if st, err := os.Stat(o.SharedDir); err != nil {
-			return fmt.Errorf("shared directory: %w", err)
-		} else if !st.IsDir() {
-			return fmt.Errorf("shared directory %s is not a directory", o.SharedDir)
-		}
-		if o.SocketPath != "" {
-			// Removed on exit, from wherever we are then.
-			if o.SocketPath, err = filepath.Abs(o.SocketPath); err != nil {
-				return fmt.Errorf("--socket-path: %w", err)
-			}
-		}
-		created := createdPaths(o, sandbox.WorkDir())
-		var ln *net.UnixListener
-		var lock *pidLock
-		if child {
-			os.Unsetenv(envDaemonChild)
-			if ln, err = listenerFromFD(childListenFD, "the daemonizing parent's listener"); err != nil {
-				return err
-			}
-			if o.SocketPath != "" {
-				lock = &pidLock{f: os.NewFile(childLockFD, "pid-lock"), path: o.SocketPath + ".pid"}
-				if err := lock.writePid(); err != nil {
-					return err
-				}
-			}
-		} else if ln, lock, err = listen(o); err != nil {
-			return err
-		}
-		if o.Daemonize && !child {
-			ln.SetUnlinkOnClose(false) // the background daemon's now
-			defer ln.Close()
-			return daemonize(ln, lock)
-		}
-		if lock != nil {
-			sbcfg.Keep = append(sbcfg.Keep, lock.f) // held until the daemon is gone
-		}
-		cleanup = func() { removeCreated(created) }
-		defer cleanup()
-		// Checked (and raised) here, where the host's paths and
-		// CAP_SYS_RESOURCE are still at hand.
-		if err := setNofile(o, log); err != nil {
-			return err
-		}
-		if files, err = outsideFiles(o, ln, syslogConn); err != nil {
-			return err
-		}
-		profile, err := profileFiles(sbcfg.Seccomp)
-		if err != nil {
-			return err
-		}
-		files = append(files, profile...)
-		if child {
-			ready, null, relayed, err := relayReady()
-			if err != nil {
-				return err
-			}
-			files = append(files, sandbox.File{Name: fileReady, File: ready}, sandbox.File{Name: fileDevNull, File: null})
-			sbcfg.Hold = relayed // the supervisor relays until then
-		}
-	}
-
-	in, err := sandbox.Enter(sbcfg, files)
+	in, err := sandbox.Enter(d.sandbox, files)
 	if err != nil {
 		// In the supervisor, only what went wrong before the daemon
 		// was started or the hand-over to its waiter (or *sandbox.Exit:
@@ -235,64 +131,281 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 		// process, exits with the daemon's status (reap).
 		return err
 	}
-	if !first {
-		if c := handedSyslog(in); c != nil {
-			defer c.Close()
-			if log, err = newLogger(o.LogLevel, c); err != nil {
-				return err
-			}
-			slog.SetDefault(log)
+	h, err := d.takeHanded(in)
+	if err != nil {
+		return err
+	}
+	defer h.close()
+
+	fileSystem, err := newFileSystem(o, in)
+	if err != nil {
+		return err
+	}
+	server := fuse.NewServer(fileSystem, fuse.ServerOptions{Metrics: h.metrics != nil}, d.log)
+	backend, err := d.newBackend(server, h.metrics != nil)
+	if err != nil {
+		return err
+	}
+	if h.metrics != nil {
+		serveMetrics(h.metrics, &metricsSource{server: server, backend: backend, fileSystem: fileSystem}, d.log)
+	}
+	return d.serve(in, backend, h.listener, sigs, cleanup)
+}
+
+// printInfo answers -V and --print-capabilities.
+func printInfo(o *Options, stdout io.Writer) {
+	if o.Version {
+		fmt.Fprintf(stdout, "govirtiofsd %s\n", version)
+		return
+	}
+	fmt.Fprintln(stdout, capabilities)
+}
+
+// process says which of the daemon's processes this one is.
+type process struct {
+	// first was started by the launcher's command line (or by
+	// --daemonize): it opens everything outside the share. The stages of
+	// a sandboxed daemon (sandbox.Resumed) find it handed in.
+	first bool
+	// background is the first process of the daemon --daemonize started.
+	background bool
+	// parent is the first process of a --daemonize command: it starts the
+	// background daemon and returns once that is ready.
+	parent bool
+	// reaped is the first process of a sandboxed daemon again, once the
+	// daemon has ended (sandbox.Reaped): it only reports and removes what
+	// it created.
+	reaped bool
+}
+
+func thisProcess(o *Options) process {
+	reaped := sandbox.Reaped()
+	first := !sandbox.Resumed() && !reaped
+	background := first && os.Getenv(envDaemonChild) == "1"
+	return process{first: first, background: background, parent: first && o.Daemonize && !background, reaped: reaped}
+}
+
+// daemon is what run's stages share.
+type daemon struct {
+	o       *Options
+	proc    process
+	log     *slog.Logger
+	syslog  *net.UnixConn // --syslog's connection, opened by the first (and reaped) process
+	sandbox sandbox.Config
+}
+
+// startLogging opens the log. The syslog connection is opened first:
+// nothing later may assume /dev/log is reachable (it is not inside a
+// sandbox, where a stage finds the connection handed in: takeHanded).
+func (d *daemon) startLogging() error {
+	if d.o.Syslog && (d.proc.first || d.proc.reaped) {
+		c, err := dialSyslog(syslogPath())
+		if err != nil {
+			// As syslog(3) does, lose nothing: fall back to stderr.
+			fmt.Fprintf(os.Stderr, "govirtiofsd: %v; logging to stderr\n", err)
+		} else {
+			d.syslog = c
 		}
 	}
-	ln, err := handedListener(in)
+	var logTo net.Conn // nil: stderr (not a nil *net.UnixConn)
+	if d.syslog != nil {
+		logTo = d.syslog
+	}
+	log, err := newLogger(d.o.LogLevel, logTo)
 	if err != nil {
+		d.closeSyslog()
 		return err
 	}
-	defer ln.Close()
-	metricsLn, err := handedMetrics(in)
-	if err != nil {
-		return err
-	}
-	if metricsLn != nil {
-		defer metricsLn.Close()
-	}
+	d.log = log
+	slog.SetDefault(log) // the packages' own lines (passthrough) go where ours go
+	return nil
+}
 
-	workers := o.ThreadPoolSize
+func (d *daemon) closeSyslog() {
+	if d.syslog != nil {
+		d.syslog.Close()
+	}
+}
+
+// logNotes logs the options given that have no effect here, in the
+// process that serves or supervises (not the --daemonize parent: its
+// background daemon does).
+func (d *daemon) logNotes() {
+	if d.proc.first && !d.proc.parent {
+		for _, n := range d.o.notes {
+			d.log.Info(n)
+		}
+	}
+}
+
+// startInBackground is the --daemonize command: it creates the socket,
+// starts the background daemon on it and returns once that is ready. It
+// only waits, so a stop signal ends it by the default action; one that
+// came already ends it before it creates anything.
+func (d *daemon) startInBackground(sigs chan os.Signal) error {
+	signal.Stop(sigs)
+	select {
+	case <-sigs:
+		return nil
+	default:
+	}
+	// The background daemon's checks, made here too: they fail the command.
+	if _, err := sandboxConfig(d.o, d.log); err != nil {
+		return err
+	}
+	ln, lock, err := d.listen()
+	if err != nil {
+		return err
+	}
+	return daemonize(ln, lock)
+}
+
+// openOutside is the first process's stage before the sandbox: it listens
+// and opens the files the daemon needs from outside the share, which
+// later stages find handed in. cleanup removes what it created once the
+// daemon is gone; it runs in the first process: the supervisor of a
+// sandboxed daemon, or the daemon itself with --sandbox none (inside a
+// sandbox the paths would name files of the share).
+func (d *daemon) openOutside() (files []sandbox.File, cleanup func(), err error) {
+	cleanup = func() {}
+	if !d.proc.first {
+		return nil, cleanup, nil
+	}
+	ln, lock, err := d.listen()
+	if err != nil {
+		return nil, cleanup, err
+	}
+	if lock != nil {
+		d.sandbox.Keep = append(d.sandbox.Keep, lock.f) // held until the daemon is gone
+	}
+	created := createdPaths(d.o, sandbox.WorkDir())
+	cleanup = func() { removeCreated(created) }
+	// Set here, where the host's paths and CAP_SYS_RESOURCE are still at
+	// hand; the sandbox's stages inherit the limit.
+	if err := setNofile(d.o, d.log); err != nil {
+		return nil, cleanup, err
+	}
+	if files, err = outsideFiles(d.o, ln, d.syslog); err != nil {
+		return nil, cleanup, err
+	}
+	profile, err := profileFiles(d.sandbox.Seccomp)
+	if err != nil {
+		return nil, cleanup, err
+	}
+	files = append(files, profile...)
+	if d.proc.background {
+		ready, null, relayed, err := relayReady()
+		if err != nil {
+			return nil, cleanup, err
+		}
+		files = append(files, sandbox.File{Name: fileReady, File: ready}, sandbox.File{Name: fileDevNull, File: null})
+		d.sandbox.Hold = relayed // the supervisor relays until then
+	}
+	return files, cleanup, nil
+}
+
+// listen checks the shared directory and creates the vhost-user socket
+// (holding its pid file lock), or adopts the listener --fd or the
+// daemonizing parent hands in.
+func (d *daemon) listen() (*net.UnixListener, *pidLock, error) {
+	o := d.o
+	if st, err := os.Stat(o.SharedDir); err != nil {
+		return nil, nil, fmt.Errorf("shared directory: %w", err)
+	} else if !st.IsDir() {
+		return nil, nil, fmt.Errorf("shared directory %s is not a directory", o.SharedDir)
+	}
+	if o.SocketPath != "" {
+		// Removed on exit, from wherever we are then.
+		var err error
+		if o.SocketPath, err = filepath.Abs(o.SocketPath); err != nil {
+			return nil, nil, fmt.Errorf("--socket-path: %w", err)
+		}
+	}
+	switch {
+	case d.proc.background:
+		return adoptParentListener(o)
+	case o.FD >= 0:
+		ln, err := listenerFromFD(o.FD, "--fd")
+		return ln, nil, err
+	}
+	return createSocket(o)
+}
+
+// handed is what the first process opened outside the share, as the
+// process that serves finds it.
+type handed struct {
+	syslog   net.Conn // a sandbox stage's --syslog connection (the first process has d.syslog)
+	listener *net.UnixListener
+	metrics  net.Listener // nil without --metrics-addr
+}
+
+// takeHanded takes the files handed into the sandbox, and logs to syslog
+// through the connection handed in. It runs before the seccomp filter is
+// loaded (net.FileListener calls getsockopt).
+func (d *daemon) takeHanded(in *sandbox.Inside) (h handed, err error) {
+	defer func() {
+		if err != nil {
+			h.close()
+		}
+	}()
+	if !d.proc.first {
+		if h.syslog = handedSyslog(in); h.syslog != nil {
+			if d.log, err = newLogger(d.o.LogLevel, h.syslog); err != nil {
+				return h, err
+			}
+			slog.SetDefault(d.log)
+		}
+	}
+	if h.listener, err = handedListener(in); err != nil {
+		return h, err
+	}
+	h.metrics, err = handedMetrics(in)
+	return h, err
+}
+
+func (h handed) close() {
+	if h.metrics != nil {
+		h.metrics.Close()
+	}
+	if h.listener != nil {
+		h.listener.Close()
+	}
+	if h.syslog != nil {
+		h.syslog.Close()
+	}
+}
+
+// newBackend makes the vhost-user back end that feeds server the guest's
+// requests and migrates its state.
+func (d *daemon) newBackend(server *fuse.Server, metrics bool) (*vhostuser.Backend, error) {
+	workers := d.o.ThreadPoolSize
 	if workers < 0 {
 		workers = defaultWorkers()
 	}
-	fsys, err := newFileSystem(o, in)
-	if err != nil {
-		return err
-	}
-	fs := fuse.NewServer(fsys, fuse.ServerOptions{Metrics: metricsLn != nil}, log)
-	backend, err := vhostuser.NewBackend(vhostuser.Config{
-		RequestQueues: o.Queues,
-		Tag:           o.Tag,
-		Logger:        log,
+	return vhostuser.NewBackend(vhostuser.Config{
+		RequestQueues: d.o.Queues,
+		Tag:           d.o.Tag,
+		Logger:        d.log,
 		Workers:       workers,
-		Metrics:       metricsLn != nil,
-		State:         fs, // the FUSE session and the file system's inodes and handles migrate
+		Metrics:       metrics,
+		State:         server, // the FUSE session and the file system's inodes and handles migrate
 		RingsWatched:  reserveWatcherProcs,
 		Handler: vhostuser.HandlerFunc(func(i int) vhostuser.RequestHandler {
-			return fs.Queue(i)
+			return server.Queue(i)
 		}),
 	})
-	if err != nil {
-		return err
-	}
+}
 
-	if metricsLn != nil {
-		serveMetrics(metricsLn, &metricsSource{fuse: fs, backend: backend, fs: fsys}, log)
-		log.Info("serving metrics", "addr", metricsLn.Addr().String())
-	}
-
+// serve answers the front end on ln until it goes away. A stop signal
+// ends the process at once, after cleanup (the first process's: removing
+// what it created).
+func (d *daemon) serve(in *sandbox.Inside, backend *vhostuser.Backend, ln *net.UnixListener, sigs chan os.Signal, cleanup func()) error {
 	stopProfile, err := startProfiles(in)
 	if err != nil {
 		return err
 	}
 	defer stopProfile()
-
+	log := d.log
 	go func() {
 		s := <-sigs
 		log.Info("signal received, exiting", "signal", s.String())
@@ -302,7 +415,6 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 		cleanup()
 		os.Exit(0)
 	}()
-
 	if ready := in.File(fileReady); ready != nil {
 		// Set up and about to serve: --daemonize may return. Before
 		// the seccomp filter: chdir and dup2 are not on it.
@@ -313,8 +425,7 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 	if err := in.Lock(log); err != nil {
 		return err
 	}
-
-	log.Info("waiting for vhost-user connection", "socket", o.SocketPath, "fd", o.FD, "shared_dir", o.SharedDir)
+	log.Info("waiting for vhost-user connection", "socket", d.o.SocketPath, "fd", d.o.FD, "shared_dir", d.o.SharedDir)
 	// The first process removes the socket when the daemon is gone.
 	if err := backend.ServeFirst(ln); err != nil {
 		return fmt.Errorf("vhost-user: %w", err)
@@ -333,128 +444,12 @@ func reap(o *Options, cfg sandbox.Config) error {
 	return err
 }
 
-// createdPaths are the files the first process creates, in the order it
-// removes them once the daemon is gone: the socket, then its pid file
-// (while still holding its lock), then a metrics socket. Relative paths
-// resolve against dir, where the process was started (sandbox.WorkDir).
-func createdPaths(o *Options, dir string) []string {
-	var paths []string
-	if o.SocketPath != "" && o.FD < 0 {
-		sock := absPath(dir, o.SocketPath)
-		paths = append(paths, sock, sock+".pid")
-	}
-	if p := metricsSocketPath(o.MetricsAddr); p != "" {
-		paths = append(paths, absPath(dir, p))
-	}
-	return paths
-}
-
-func removeCreated(paths []string) {
-	for _, p := range paths {
-		os.Remove(p)
-	}
-}
-
-// absPath resolves p against dir ("": the working directory).
-func absPath(dir, p string) string {
-	if filepath.IsAbs(p) {
-		return p
-	}
-	if dir == "" {
-		if a, err := filepath.Abs(p); err == nil {
-			return a
-		}
-		return p
-	}
-	return filepath.Join(dir, p)
-}
-
 // exitSignals registers for the signals that end the daemon; from then on
 // they wait in the channel instead of killing the process.
 func exitSignals() chan os.Signal {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	return sigs
-}
-
-// listenerFromFD adopts an inherited, listening unix socket.
-func listenerFromFD(fd int, what string) (*net.UnixListener, error) {
-	return unixListener(os.NewFile(uintptr(fd), "vhost-user-listener"), fmt.Sprintf("%s (fd %d)", what, fd))
-}
-
-// unixListener wraps f, a listening unix socket, and closes f. The
-// listener never removes its path: the process that created the socket
-// does (inside a sandbox the path would name a file of the share).
-func unixListener(f *os.File, what string) (*net.UnixListener, error) {
-	l, err := net.FileListener(f)
-	f.Close()
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	ul, ok := l.(*net.UnixListener)
-	if !ok {
-		l.Close()
-		return nil, fmt.Errorf("%s is not a unix socket", what)
-	}
-	ul.SetUnlinkOnClose(false)
-	return ul, nil
-}
-
-// listen creates the vhost-user socket, holding its pid file lock, or
-// adopts an inherited one (lock nil).
-func listen(o *Options) (*net.UnixListener, *pidLock, error) {
-	if o.FD >= 0 {
-		ln, err := listenerFromFD(o.FD, "--fd")
-		return ln, nil, err
-	}
-	gid := -1
-	if o.SocketGroup != "" {
-		g, err := lookupGroup(o.SocketGroup)
-		if err != nil {
-			return nil, nil, fmt.Errorf("--socket-group: %w", err)
-		}
-		gid = g
-	}
-	lock, err := lockPidFile(o.SocketPath + ".pid")
-	if err != nil {
-		return nil, nil, err
-	}
-	// We hold the lock: a socket left at the path is a stale one.
-	if st, err := os.Lstat(o.SocketPath); err == nil && st.Mode()&os.ModeSocket != 0 {
-		os.Remove(o.SocketPath)
-	}
-	mask := 0o177 // the socket is created 0600...
-	if gid >= 0 {
-		mask = 0o117 // ...or 0660 for its group
-	}
-	old := syscall.Umask(mask)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: o.SocketPath, Net: "unix"})
-	syscall.Umask(old)
-	if err != nil {
-		lock.remove()
-		return nil, nil, fmt.Errorf("listen on %s: %w", o.SocketPath, err)
-	}
-	ln.SetUnlinkOnClose(true)
-	if gid >= 0 {
-		if err := os.Lchown(o.SocketPath, -1, gid); err != nil {
-			ln.Close()
-			lock.remove()
-			return nil, nil, fmt.Errorf("--socket-group: %w", err)
-		}
-	}
-	return ln, lock, nil
-}
-
-// lookupGroup resolves a group name or number.
-func lookupGroup(name string) (int, error) {
-	if n, err := strconv.ParseUint(name, 10, 31); err == nil {
-		return int(n), nil
-	}
-	g, err := user.LookupGroup(name)
-	if err != nil {
-		return -1, err
-	}
-	return strconv.Atoi(g.Gid)
 }
 
 // newLogger logs to stderr, or to syslog when conn is not nil.

@@ -51,9 +51,9 @@ func metricsSocketPath(addr string) string {
 
 // metricsSource is everything a scrape reads.
 type metricsSource struct {
-	fuse    *fuse.Server
-	backend *vhostuser.Backend
-	fs      *passthrough.FS
+	server     *fuse.Server
+	backend    *vhostuser.Backend
+	fileSystem *passthrough.FS
 }
 
 func (m *metricsSource) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -63,9 +63,9 @@ func (m *metricsSource) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	bw := bufio.NewWriter(w)
-	m.fuse.WriteMetrics(bw)
+	m.server.WriteMetrics(bw)
 	m.backend.WriteMetrics(bw)
-	inodes, handles := m.fs.OpenCounts()
+	inodes, handles := m.fileSystem.OpenCounts()
 	fmt.Fprintf(bw, "# HELP govirtiofsd_open_inodes Inodes the guest holds (looked up and not forgotten), the root included.\n# TYPE govirtiofsd_open_inodes gauge\ngovirtiofsd_open_inodes %d\n", inodes)
 	fmt.Fprintf(bw, "# HELP govirtiofsd_open_handles Open file and directory handles.\n# TYPE govirtiofsd_open_handles gauge\ngovirtiofsd_open_handles %d\n", handles)
 	fmt.Fprintf(bw, "# HELP govirtiofsd_goroutines Goroutines of the daemon.\n# TYPE govirtiofsd_goroutines gauge\ngovirtiofsd_goroutines %d\n", runtime.NumGoroutine())
@@ -86,4 +86,5 @@ func serveMetrics(ln net.Listener, src *metricsSource, log *slog.Logger) {
 			log.Warn("metrics server stopped", "err", err)
 		}
 	}()
+	log.Info("serving metrics", "addr", ln.Addr().String())
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/govirtiofsd/govirtiofsd/internal/passthrough"
@@ -79,6 +80,27 @@ type Options struct {
 	notes []string
 }
 
+// newOptions returns the defaults, as the command line starts from them.
+func newOptions() *Options {
+	return &Options{
+		FD:               -1, // not given
+		Queues:           vhostuser.MaxRings - 1,
+		LogLevel:         "info",
+		Cache:            "auto",
+		InodeFileHandles: "never",
+		ThreadPoolSize:   -1, // not given: defaultWorkers
+		RlimitNofile:     -1, // not given: setNofile raises it
+		MigrationMode:    "find-paths",
+		MigrationOnError: "abort",
+		// On by default, as in the Rust virtiofsd 1.13: a migration from
+		// it carries the setting, and a destination with it off refuses
+		// the state.
+		AnnounceSubmounts: true,
+		Sandbox:           "namespace",
+		Seccomp:           "kill",
+	}
+}
+
 // optKind says how an option's value is parsed.
 type optKind int
 
@@ -90,15 +112,29 @@ const (
 
 // option describes one setting and its spellings.
 type option struct {
-	long  string // Rust-style long flag, "" if none
+	long  string // the Rust daemon's long flag, "" if none
 	short string // one-letter flag, "" if none
-	oKey  string // C-style -o key, "" if none
+	oKey  string // the C daemon's -o key, "" if none
 	kind  optKind
+	// usage is the option's line in --help; a word in back quotes names
+	// its value there (pflag's convention): "share the directory `DIR`".
 	usage string
+	// dflt, when set, is the default in words, for one that depends on
+	// the machine or on other options; otherwise --help shows the value
+	// the Options start with (field.get).
+	dflt string
 	// note, when set, says why the option has no effect here; it is
 	// logged at start-up when the option is given (a boolean: set true).
 	note string
-	set  func(o *Options, v string) error
+	field
+}
+
+// field is how an option reaches its Options field.
+type field struct {
+	set func(o *Options, v string) error
+	// get is the field's value as the command line would give it, "" if
+	// none; nil for an option that has no field of its own.
+	get func(o *Options) string
 }
 
 // apply sets the option from its value as given on the command line and
@@ -113,84 +149,111 @@ func (opt *option) apply(o *Options, v string) error {
 	return nil
 }
 
-func setString(p func(*Options) *string) func(*Options, string) error {
-	return func(o *Options, v string) error { *p(o) = v; return nil }
+// defaultValue is the option's default as --help shows it ("" for none).
+func (opt *option) defaultValue(o *Options) string {
+	if opt.dflt != "" || opt.get == nil {
+		return opt.dflt
+	}
+	return opt.get(o)
 }
 
-// setEnum accepts one of the given values.
-func setEnum(p func(*Options) *string, values ...string) func(*Options, string) error {
-	return func(o *Options, v string) error {
-		if !slices.Contains(values, v) {
-			return fmt.Errorf("%q is not one of %s", v, strings.Join(values, ", "))
-		}
-		*p(o) = v
-		return nil
+func stringField(p func(*Options) *string) field {
+	return field{
+		set: func(o *Options, v string) error { *p(o) = v; return nil },
+		get: func(o *Options) string { return *p(o) },
 	}
 }
 
-// appendString makes a repeatable option: every occurrence accumulates,
-// after check (if any) accepted it.
-func appendString(p func(*Options) *[]string, check func(string) error) func(*Options, string) error {
-	return func(o *Options, v string) error {
-		if check != nil {
-			if err := check(v); err != nil {
-				return err
+// enumField accepts one of the given values.
+func enumField(p func(*Options) *string, values ...string) field {
+	return field{
+		set: func(o *Options, v string) error {
+			if !slices.Contains(values, v) {
+				return fmt.Errorf("%q is not one of %s", v, strings.Join(values, ", "))
 			}
-		}
-		*p(o) = append(*p(o), v)
-		return nil
+			*p(o) = v
+			return nil
+		},
+		get: func(o *Options) string { return *p(o) },
 	}
 }
 
-func setInt(p func(*Options) *int) func(*Options, string) error {
-	return func(o *Options, v string) error {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return fmt.Errorf("%q is not a number", v)
-		}
-		*p(o) = n
-		return nil
+// listField makes a repeatable option: every occurrence accumulates,
+// after check (if any) accepted it.
+func listField(p func(*Options) *[]string, check func(string) error) field {
+	return field{
+		set: func(o *Options, v string) error {
+			if check != nil {
+				if err := check(v); err != nil {
+					return err
+				}
+			}
+			*p(o) = append(*p(o), v)
+			return nil
+		},
+		get: func(o *Options) string { return strings.Join(*p(o), " ") },
 	}
 }
 
-// setUint is setInt for values that cannot be negative.
-func setUint(p func(*Options) *int) func(*Options, string) error {
-	return func(o *Options, v string) error {
-		n, err := strconv.ParseUint(v, 10, 31)
-		if err != nil {
-			return fmt.Errorf("%q is not a non-negative number", v)
-		}
-		*p(o) = int(n)
-		return nil
+func intField(p func(*Options) *int) field {
+	return field{
+		set: func(o *Options, v string) error {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return fmt.Errorf("%q is not a number", v)
+			}
+			*p(o) = n
+			return nil
+		},
+		get: func(o *Options) string { return strconv.Itoa(*p(o)) },
 	}
 }
 
-func setBool(p func(*Options) *bool) func(*Options, string) error {
-	return func(o *Options, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return fmt.Errorf("%q is not a boolean", v)
-		}
-		*p(o) = b
-		return nil
+// uintField is intField for values that cannot be negative: a negative
+// value in the field means the option was not given.
+func uintField(p func(*Options) *int) field {
+	return field{
+		set: func(o *Options, v string) error {
+			n, err := strconv.ParseUint(v, 10, 31)
+			if err != nil {
+				return fmt.Errorf("%q is not a non-negative number", v)
+			}
+			*p(o) = int(n)
+			return nil
+		},
+		get: func(o *Options) string {
+			if *p(o) < 0 {
+				return ""
+			}
+			return strconv.Itoa(*p(o))
+		},
 	}
 }
 
-// setNotBool sets *p to the negation of a boolean (--no-killpriv-v2).
-func setNotBool(p func(*Options) *bool) func(*Options, string) error {
-	return func(o *Options, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return fmt.Errorf("%q is not a boolean", v)
-		}
-		*p(o) = !b
-		return nil
+// boolField sets *p; notBoolField sets it to the negation
+// (--no-killpriv-v2).
+func boolField(p func(*Options) *bool) field { return boolOf(p, false) }
+
+func notBoolField(p func(*Options) *bool) field { return boolOf(p, true) }
+
+func boolOf(p func(*Options) *bool, negate bool) field {
+	return field{
+		set: func(o *Options, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return fmt.Errorf("%q is not a boolean", v)
+			}
+			*p(o) = b != negate
+			return nil
+		},
+		get: func(o *Options) string { return strconv.FormatBool(*p(o) != negate) },
 	}
 }
 
-// accept takes any value and changes nothing (options with a note only).
-func accept(kind optKind) func(*Options, string) error {
-	return func(o *Options, v string) error {
+// noEffect takes any value of the kind and changes nothing (options with
+// a note only).
+func noEffect(kind optKind) field {
+	return field{set: func(o *Options, v string) error {
 		switch kind {
 		case optInt:
 			if _, err := strconv.ParseUint(v, 10, 31); err != nil {
@@ -202,8 +265,20 @@ func accept(kind optKind) func(*Options, string) error {
 			}
 		}
 		return nil
-	}
+	}}
 }
+
+// debugField is the C daemon's -d and -o debug: --log-level=debug.
+var debugField = field{set: func(o *Options, v string) error {
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return fmt.Errorf("%q is not a boolean", v)
+	}
+	if b {
+		o.LogLevel = "debug"
+	}
+	return nil
+}}
 
 func checkIDMapping(v string) error {
 	_, err := passthrough.ParseIDMapping(v)
@@ -231,142 +306,139 @@ func checkNSMap(v string) error {
 
 // optionTable lists every option the daemon understands: the Rust
 // virtiofsd 1.13's long options and the C virtiofsd 7.2's -o options and
-// short flags. The sandbox block stays last (merge rule with the sandbox
-// branch).
+// short flags.
 var optionTable = []option{
-	{long: "shared-dir", oKey: "source", kind: optString, usage: "shared directory path",
-		set: setString(func(o *Options) *string { return &o.SharedDir })},
-	{long: "socket-path", kind: optString, usage: "vhost-user socket path to create and listen on",
-		set: setString(func(o *Options) *string { return &o.SocketPath })},
-	{long: "socket", kind: optString, usage: "deprecated alias of --socket-path",
-		set: setString(func(o *Options) *string { return &o.SocketPath })},
-	{long: "fd", kind: optInt, usage: "serve an inherited, already listening socket fd",
-		set: setUint(func(o *Options) *int { return &o.FD })},
-	{long: "socket-group", kind: optString, usage: "group (name or number) to own the socket created with --socket-path",
-		set: setString(func(o *Options) *string { return &o.SocketGroup })},
-	{long: "queues", kind: optInt, usage: "number of request queues to advertise (GET_QUEUE_NUM answers 1 + N)",
-		set: setInt(func(o *Options) *int { return &o.Queues })},
-	{long: "tag", kind: optString, usage: "file system tag for the device config (enables the CONFIG protocol feature)",
-		set: setString(func(o *Options) *string { return &o.Tag })},
-	{long: "log-level", oKey: "log_level", kind: optString, usage: "error (err), warn, info, debug, trace or off",
-		set: setEnum(func(o *Options) *string { return &o.LogLevel }, "error", "err", "warn", "warning", "info", "debug", "trace", "off")},
-	{short: "d", oKey: "debug", kind: optBool, usage: "debug log level (same as --log-level=debug)",
-		set: func(o *Options, v string) error {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return fmt.Errorf("%q is not a boolean", v)
-			}
-			if b {
-				o.LogLevel = "debug"
-			}
-			return nil
-		}},
+	{long: "shared-dir", oKey: "source", kind: optString, usage: "share the directory `DIR` (required)",
+		field: stringField(func(o *Options) *string { return &o.SharedDir })},
+	{long: "socket-path", kind: optString, usage: "create the vhost-user socket `PATH` and listen on it",
+		field: stringField(func(o *Options) *string { return &o.SocketPath })},
+	{long: "socket", kind: optString, usage: "the same as --socket-path `PATH`",
+		field: stringField(func(o *Options) *string { return &o.SocketPath })},
+	{long: "fd", kind: optInt, usage: "serve the inherited, already listening socket on file descriptor `N`",
+		field: uintField(func(o *Options) *int { return &o.FD })},
+	{long: "socket-group", kind: optString, usage: "give the socket --socket-path creates to `GROUP` (name or number), mode 0660",
+		field: stringField(func(o *Options) *string { return &o.SocketGroup })},
+	{long: "queues", kind: optInt, usage: "advertise `N` request queues (GET_QUEUE_NUM answers 1 + N)",
+		field: intField(func(o *Options) *int { return &o.Queues })},
+	{long: "tag", kind: optString, usage: "file system tag `TAG` for the device config (enables the CONFIG protocol feature)",
+		field: stringField(func(o *Options) *string { return &o.Tag })},
+	{long: "log-level", oKey: "log_level", kind: optString, usage: "log `LEVEL`: error (err), warn, info, debug, trace or off",
+		field: enumField(func(o *Options) *string { return &o.LogLevel }, "error", "err", "warn", "warning", "info", "debug", "trace", "off")},
+	{short: "d", oKey: "debug", kind: optBool, usage: "debug log level (the same as --log-level=debug)",
+		field: debugField},
 	{long: "syslog", kind: optBool, usage: "log to syslog (/dev/log) instead of stderr",
-		set: setBool(func(o *Options) *bool { return &o.Syslog })},
+		field: boolField(func(o *Options) *bool { return &o.Syslog })},
 	{long: "print-capabilities", kind: optBool, usage: "print the vhost-user capabilities JSON and exit",
-		set: setBool(func(o *Options) *bool { return &o.PrintCapabilities })},
+		field: boolField(func(o *Options) *bool { return &o.PrintCapabilities })},
 	{long: "version", short: "V", kind: optBool, usage: "print the version and exit",
-		set: setBool(func(o *Options) *bool { return &o.Version })},
-	{short: "f", kind: optBool, usage: "stay in the foreground (the default)",
-		set: setBool(func(o *Options) *bool { return &o.Foreground })},
+		field: boolField(func(o *Options) *bool { return &o.Version })},
+	{short: "f", kind: optBool, usage: "stay in the foreground (what the daemon does without --daemonize)",
+		field: boolField(func(o *Options) *bool { return &o.Foreground })},
 	{long: "daemonize", kind: optBool, usage: "run in the background: the command returns once the socket listens",
-		set: setBool(func(o *Options) *bool { return &o.Daemonize })},
-	{short: "s", kind: optBool, usage: "single-threaded (C daemon; accepted, no effect)",
-		note: "-s has no effect: see --thread-pool-size", set: accept(optBool)},
-	{long: "cache", oKey: "cache", kind: optString, usage: "cache mode: never, metadata, auto or always (-o cache=none|auto|always)",
-		set: setEnum(func(o *Options) *string { return &o.Cache }, "never", "none", "metadata", "auto", "normal", "always")},
-	{oKey: "timeout", kind: optString, usage: "entry and attribute timeout in seconds (C daemon)",
-		set: func(o *Options, v string) error {
+		field: boolField(func(o *Options) *bool { return &o.Daemonize })},
+	{short: "s", kind: optBool, usage: "single-threaded (accepted, no effect)",
+		note: "-s has no effect: see --thread-pool-size", field: noEffect(optBool)},
+	{long: "cache", oKey: "cache", kind: optString, usage: "cache `MODE`: never (none), metadata, auto (normal) or always",
+		field: enumField(func(o *Options) *string { return &o.Cache }, "never", "none", "metadata", "auto", "normal", "always")},
+	{oKey: "timeout", kind: optString, usage: "entry and attribute timeout in `SECONDS`", dflt: "from --cache",
+		field: field{set: func(o *Options, v string) error {
 			if secs, err := strconv.ParseFloat(v, 64); err != nil || secs < 0 || secs > 1e9 {
 				return fmt.Errorf("%q is not a number of seconds", v)
 			}
 			o.Timeout = v
 			return nil
-		}},
+		}, get: func(o *Options) string { return o.Timeout }}},
 	{long: "allow-mmap", kind: optBool, usage: "allow shared mmap of files (accepted; DAX is not implemented)",
-		note: "--allow-mmap: DAX is not implemented, the guest maps shared files through its page cache", set: accept(optBool)},
+		note: "--allow-mmap: DAX is not implemented, the guest maps shared files through its page cache", field: noEffect(optBool)},
 	{long: "writeback", oKey: "writeback", kind: optBool, usage: "enable the guest's writeback cache",
-		set: setBool(func(o *Options) *bool { return &o.Writeback })},
+		field: boolField(func(o *Options) *bool { return &o.Writeback })},
 	{long: "xattr", oKey: "xattr", kind: optBool, usage: "enable extended attributes",
-		set: setBool(func(o *Options) *bool { return &o.Xattr })},
-	{long: "xattrmap", oKey: "xattrmap", kind: optString, usage: "xattr name mapping rules (the C daemon's syntax)",
-		set: setString(func(o *Options) *string { return &o.XattrMap })},
+		field: boolField(func(o *Options) *bool { return &o.Xattr })},
+	{long: "xattrmap", oKey: "xattrmap", kind: optString, usage: "map xattr names by `RULES` (the C daemon's syntax)",
+		field: stringField(func(o *Options) *string { return &o.XattrMap })},
 	{long: "posix-acl", oKey: "posix_acl", kind: optBool, usage: "enable POSIX ACLs (implies --xattr)",
-		set: setBool(func(o *Options) *bool { return &o.PosixACL })},
+		field: boolField(func(o *Options) *bool { return &o.PosixACL })},
 	{long: "security-label", oKey: "security_label", kind: optBool, usage: "accept security labels",
-		set: setBool(func(o *Options) *bool { return &o.SecurityLabel })},
-	{long: "announce-submounts", oKey: "announce_submounts", kind: optBool, usage: "tell the guest about host submounts (distinct st_dev; the default)",
-		set: setBool(func(o *Options) *bool { return &o.AnnounceSubmounts })},
-	{long: "no-announce-submounts", kind: optBool, usage: "do not announce submounts (-o no_announce_submounts)",
-		set: setNotBool(func(o *Options) *bool { return &o.AnnounceSubmounts })},
+		field: boolField(func(o *Options) *bool { return &o.SecurityLabel })},
+	{long: "announce-submounts", oKey: "announce_submounts", kind: optBool, usage: "tell the guest about host submounts (distinct st_dev)",
+		field: boolField(func(o *Options) *bool { return &o.AnnounceSubmounts })},
+	{long: "no-announce-submounts", kind: optBool, usage: "do not announce submounts",
+		field: notBoolField(func(o *Options) *bool { return &o.AnnounceSubmounts })},
 	{long: "no-readdirplus", kind: optBool, usage: "do not use READDIRPLUS",
-		set: setBool(func(o *Options) *bool { return &o.NoReaddirplus })},
-	{oKey: "readdirplus", kind: optBool, usage: "use READDIRPLUS (-o no_readdirplus disables)",
-		set: setNotBool(func(o *Options) *bool { return &o.NoReaddirplus })},
+		field: boolField(func(o *Options) *bool { return &o.NoReaddirplus })},
+	{oKey: "readdirplus", kind: optBool, usage: "use READDIRPLUS",
+		field: notBoolField(func(o *Options) *bool { return &o.NoReaddirplus })},
 	{long: "allow-direct-io", oKey: "allow_direct_io", kind: optBool, usage: "honour the guest's O_DIRECT on host files",
-		set: setBool(func(o *Options) *bool { return &o.AllowDirectIO })},
+		field: boolField(func(o *Options) *bool { return &o.AllowDirectIO })},
 	{long: "killpriv-v2", oKey: "killpriv_v2", kind: optBool, usage: "enable FUSE_HANDLE_KILLPRIV_V2",
-		set: setBool(func(o *Options) *bool { return &o.KillprivV2 })},
-	{long: "no-killpriv-v2", kind: optBool, usage: "disable FUSE_HANDLE_KILLPRIV_V2 (the default)",
-		set: setNotBool(func(o *Options) *bool { return &o.KillprivV2 })},
-	{long: "inode-file-handles", kind: optString, usage: "never, prefer or mandatory",
-		set: setEnum(func(o *Options) *string { return &o.InodeFileHandles }, "never", "prefer", "mandatory")},
+		field: boolField(func(o *Options) *bool { return &o.KillprivV2 })},
+	{long: "no-killpriv-v2", kind: optBool, usage: "disable FUSE_HANDLE_KILLPRIV_V2",
+		field: notBoolField(func(o *Options) *bool { return &o.KillprivV2 })},
+	{long: "inode-file-handles", kind: optString, usage: "when to hold inodes as file handles, `MODE`: never, prefer or mandatory",
+		field: enumField(func(o *Options) *string { return &o.InodeFileHandles }, "never", "prefer", "mandatory")},
 	{oKey: "posix_lock", kind: optBool, usage: "enable POSIX locks",
-		set: setBool(func(o *Options) *bool { return &o.PosixLock })},
+		field: boolField(func(o *Options) *bool { return &o.PosixLock })},
 	{oKey: "flock", kind: optBool, usage: "enable flock locks",
-		set: setBool(func(o *Options) *bool { return &o.Flock })},
+		field: boolField(func(o *Options) *bool { return &o.Flock })},
 	{long: "readonly", kind: optBool, usage: "share read-only",
-		set: setBool(func(o *Options) *bool { return &o.ReadOnly })},
+		field: boolField(func(o *Options) *bool { return &o.ReadOnly })},
 	{long: "preserve-noatime", kind: optBool, usage: "keep the guest's O_NOATIME",
-		set: setBool(func(o *Options) *bool { return &o.PreserveNoatime })},
-	{long: "rlimit-nofile", kind: optInt, usage: "set RLIMIT_NOFILE to N (0: leave it; default: raise to min(1000000, fs.nr_open))",
-		set: setUint(func(o *Options) *int { return &o.RlimitNofile })},
-	{long: "thread-pool-size", oKey: "thread_pool_size", kind: optInt, usage: "most extra ring servers awake at once, beyond one per ring (0: one server per ring; default: CPUs minus one, at least 1)",
-		set: setUint(func(o *Options) *int { return &o.ThreadPoolSize })},
-	{long: "metrics-addr", kind: optString, usage: "serve Prometheus metrics on HOST:PORT or unix:PATH (off by default)",
-		set: setString(func(o *Options) *string { return &o.MetricsAddr })},
-	{oKey: "max_idle_threads", kind: optInt, usage: "C daemon thread pool setting (accepted, no effect)",
-		note: "-o max_idle_threads has no effect: workers are goroutines, see --thread-pool-size", set: accept(optInt)},
+		field: boolField(func(o *Options) *bool { return &o.PreserveNoatime })},
+	{long: "rlimit-nofile", kind: optInt, usage: "set RLIMIT_NOFILE to `N` (0: leave it)", dflt: "raised to min(1000000, fs.nr_open)",
+		field: uintField(func(o *Options) *int { return &o.RlimitNofile })},
+	{long: "thread-pool-size", oKey: "thread_pool_size", kind: optInt, usage: "wake at most `N` extra ring servers at once, beyond one per ring (0: one server per ring)",
+		dflt: "one fewer than the CPUs, at least 1", field: uintField(func(o *Options) *int { return &o.ThreadPoolSize })},
+	{long: "metrics-addr", kind: optString, usage: "serve Prometheus metrics on `ADDR`, HOST:PORT or unix:PATH (off by default)",
+		field: stringField(func(o *Options) *string { return &o.MetricsAddr })},
+	{oKey: "max_idle_threads", kind: optInt, usage: "the C daemon's idle thread limit `N` (accepted, no effect)",
+		note: "-o max_idle_threads has no effect: workers are goroutines, see --thread-pool-size", field: noEffect(optInt)},
 	{oKey: "allow_root", kind: optBool, usage: "FUSE mount option (accepted, no effect)",
-		note: "-o allow_root has no effect: the guest kernel decides who may access the mount", set: accept(optBool)},
-	{long: "translate-uid", kind: optString, usage: "translate uids (repeatable): guest|host|squash-guest|squash-host|map:FROM:TO:COUNT, forbid-guest:FROM:COUNT",
-		set: appendString(func(o *Options) *[]string { return &o.TranslateUID }, checkIDMapping)},
-	{long: "translate-gid", kind: optString, usage: "translate gids (repeatable), as --translate-uid",
-		set: appendString(func(o *Options) *[]string { return &o.TranslateGID }, checkIDMapping)},
-	{long: "migration-mode", kind: optString, usage: "how inodes travel in a migration (source side): find-paths (paths relative to the shared directory) or file-handles (needs the same file system on both sides; keeps CAP_DAC_READ_SEARCH to open them)",
-		set: setEnum(func(o *Options) *string { return &o.MigrationMode }, "find-paths", "file-handles")},
-	{long: "migration-on-error", kind: optString, usage: "destination side: abort fails a migration whose inodes cannot all be found; guest-error lets it finish, the guest gets ESTALE on those",
-		set: setEnum(func(o *Options) *string { return &o.MigrationOnError }, "abort", "guest-error")},
+		note: "-o allow_root has no effect: the guest kernel decides who may access the mount", field: noEffect(optBool)},
+	{long: "translate-uid", kind: optString, usage: "translate uids by `MAP` (repeatable): guest|host|squash-guest|squash-host|map:FROM:TO:COUNT, forbid-guest:FROM:COUNT",
+		field: listField(func(o *Options) *[]string { return &o.TranslateUID }, checkIDMapping)},
+	{long: "translate-gid", kind: optString, usage: "translate gids by `MAP` (repeatable), as --translate-uid",
+		field: listField(func(o *Options) *[]string { return &o.TranslateGID }, checkIDMapping)},
+	{long: "migration-mode", kind: optString, usage: "how inodes travel in a migration (source side), `MODE`: find-paths (paths relative to the shared directory) or file-handles (needs the same file system on both sides; keeps CAP_DAC_READ_SEARCH to open them)",
+		field: enumField(func(o *Options) *string { return &o.MigrationMode }, "find-paths", "file-handles")},
+	{long: "migration-on-error", kind: optString, usage: "what a migration's destination does when it cannot find every inode, `ACTION`: abort (fail the migration) or guest-error (let it finish; the guest gets ESTALE on those)",
+		field: enumField(func(o *Options) *string { return &o.MigrationOnError }, "abort", "guest-error")},
 	{long: "migration-verify-handles", kind: optBool, usage: "source side, find-paths: send each inode's file handle too, so the destination checks it opened the very same object",
-		set: setBool(func(o *Options) *bool { return &o.MigrationVerifyHandles })},
+		field: boolField(func(o *Options) *bool { return &o.MigrationVerifyHandles })},
 	{long: "migration-confirm-paths", kind: optBool, usage: "source side, find-paths: check every inode's path again at switch-over and find it anew if it changed (a host-side rename)",
-		set: setBool(func(o *Options) *bool { return &o.MigrationConfirmPaths })},
+		field: boolField(func(o *Options) *bool { return &o.MigrationConfirmPaths })},
 
 	// Sandbox options: parsed and checked here, applied by the sandbox.
-	{long: "sandbox", oKey: "sandbox", kind: optString, usage: "sandbox mode: namespace, chroot or none",
-		set: setEnum(func(o *Options) *string { return &o.Sandbox }, "namespace", "chroot", "none")},
-	{long: "seccomp", oKey: "seccomp", kind: optString, usage: "seccomp action for syscalls off the allowlist: kill, log, trap or none",
-		set: setEnum(func(o *Options) *string { return &o.Seccomp }, "kill", "log", "trap", "none")},
-	{long: "modcaps", oKey: "modcaps", kind: optString, usage: "capabilities to add or drop, e.g. +sys_admin:-mknod",
-		set: setString(func(o *Options) *string { return &o.Modcaps })},
-	{long: "uid-map", kind: optString, usage: "user namespace uid map :inside:outside:count: (repeatable)",
-		set: appendString(func(o *Options) *[]string { return &o.UIDMaps }, checkNSMap)},
-	{long: "gid-map", kind: optString, usage: "user namespace gid map :inside:outside:count: (repeatable)",
-		set: appendString(func(o *Options) *[]string { return &o.GIDMaps }, checkNSMap)},
+	{long: "sandbox", oKey: "sandbox", kind: optString, usage: "sandbox `MODE`: namespace, chroot or none",
+		field: enumField(func(o *Options) *string { return &o.Sandbox }, "namespace", "chroot", "none")},
+	{long: "seccomp", oKey: "seccomp", kind: optString, usage: "what a system call off the allowlist gets, `ACTION`: kill, log, trap or none",
+		field: enumField(func(o *Options) *string { return &o.Seccomp }, "kill", "log", "trap", "none")},
+	{long: "modcaps", oKey: "modcaps", kind: optString, usage: "add or drop `CAPS` from the kept capabilities, e.g. +sys_admin:-mknod",
+		field: stringField(func(o *Options) *string { return &o.Modcaps })},
+	{long: "uid-map", kind: optString, usage: "user namespace uid `MAP` :inside:outside:count: (repeatable)",
+		field: listField(func(o *Options) *[]string { return &o.UIDMaps }, checkNSMap)},
+	{long: "gid-map", kind: optString, usage: "user namespace gid `MAP` :inside:outside:count: (repeatable)",
+		field: listField(func(o *Options) *[]string { return &o.GIDMaps }, checkNSMap)},
 }
 
 // flagValue feeds one option's flag into the Options in command-line order.
 type flagValue struct {
-	o   *Options
-	opt *option
-	val string
+	o     *Options
+	opt   *option
+	given string // the last value given, for an option without a field
 }
 
-func (f *flagValue) String() string { return f.val }
+func (f *flagValue) String() string {
+	if f.opt.get != nil {
+		return f.opt.get(f.o)
+	}
+	return f.given
+}
+
 func (f *flagValue) Set(v string) error {
-	f.val = v
+	f.given = v
 	return f.opt.apply(f.o, v)
 }
+
 func (f *flagValue) Type() string {
 	switch f.opt.kind {
 	case optInt:
@@ -442,30 +514,77 @@ func applyO(o *Options, item string) error {
 	return fmt.Errorf("unknown option -o %s", item)
 }
 
-// registerFlags adds every option of the table, and -o, to fs.
-func registerFlags(fs *pflag.FlagSet, o *Options) {
+// registerFlags adds every option of the table that has a flag, and -o,
+// to flags. A long flag's usage ends with its -o spelling, if any.
+func registerFlags(flags *pflag.FlagSet, o *Options) {
 	for i := range optionTable {
 		opt := &optionTable[i]
 		if opt.long == "" && opt.short == "" {
 			continue
 		}
-		fv := &flagValue{o: o, opt: opt}
-		name := opt.long
+		name, usage := opt.long, opt.usage
 		if name == "" {
-			name = "short-" + opt.short
+			name = shortOnlyName(opt.short)
+		} else if spelling := opt.oSpelling(); spelling != "" {
+			usage += "; " + spelling
 		}
-		f := fs.VarPF(fv, name, opt.short, opt.usage)
+		f := flags.VarPF(&flagValue{o: o, opt: opt}, name, opt.short, usage)
+		f.DefValue = opt.defaultValue(o)
 		if opt.kind == optBool {
 			f.NoOptDefVal = "true"
 		}
-		if opt.long == "" {
-			f.Hidden = true
-		}
+		f.Hidden = opt.long == "" // pflag would list it as ---X: see shortOptionsUsage
 		if opt.long == "socket" {
 			f.Deprecated = "use --socket-path"
 		}
 	}
-	fs.VarP(&oValue{o: o}, "options", "o", "C virtiofsd options: -o source=DIR,log_level=debug (repeatable, comma-joined)")
+	flags.VarPF(&oValue{o: o}, shortOnlyName("o"), "o", oUsage).Hidden = true
+}
+
+// oUsage is -o's line in --help.
+const oUsage = "the C virtiofsd's options KEY=VALUE, KEY or no_KEY, comma-joined and repeatable (\",,\" is a comma in a value); the long flags show theirs"
+
+// shortOnlyName is the name pflag holds a flag under that has no long form:
+// the C daemon's -d, -f, -s and -o. pflag gives every flag a long name;
+// "-X" is one no argument can reach (pflag refuses "---X" as bad syntax),
+// so --X, like any other long form, stays an unknown flag.
+func shortOnlyName(short string) string { return "-" + short }
+
+func isShortOnly(f *pflag.Flag) bool {
+	return f.Shorthand != "" && f.Name == shortOnlyName(f.Shorthand)
+}
+
+// flagError names a short-only flag in a parse error as it is written
+// (-o), not by the name pflag holds it under.
+func flagError(_ *cobra.Command, err error) error {
+	var invalid *pflag.InvalidValueError
+	if errors.As(err, &invalid) && isShortOnly(invalid.GetFlag()) {
+		return fmt.Errorf("invalid argument %q for \"-%s\" flag: %w", invalid.GetValue(), invalid.GetFlag().Shorthand, invalid.Unwrap())
+	}
+	return err
+}
+
+// oSpelling is the option as -o writes it: "-o source=DIR", or for a
+// boolean "-o [no_]xattr" ("-o debug" where there is nothing to turn
+// off); "" without an -o key.
+func (opt *option) oSpelling() string {
+	switch {
+	case opt.oKey == "":
+		return ""
+	case opt.kind != optBool:
+		return "-o " + opt.oKey + "=" + valueName(opt.usage)
+	case opt.get != nil:
+		return "-o [no_]" + opt.oKey
+	}
+	return "-o " + opt.oKey
+}
+
+// valueName is the word in back quotes in usage: what --help calls the
+// option's value.
+func valueName(usage string) string {
+	_, rest, _ := strings.Cut(usage, "`")
+	name, _, _ := strings.Cut(rest, "`")
+	return name
 }
 
 // validate checks what no single option can: requirements and conflicts

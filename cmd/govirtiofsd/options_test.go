@@ -361,3 +361,121 @@ func TestParseErrors(t *testing.T) {
 func regexpOKey(key string) *regexp.Regexp {
 	return regexp.MustCompile(`[ ,](no_)?` + regexp.QuoteMeta(key) + `[ ,=]`)
 }
+
+// TestNoStrayLongForms: the long flags are the table's and cobra's
+// --help; the C daemon's -d, -f, -s and -o have no long form, whatever
+// name pflag holds them under.
+func TestNoStrayLongForms(t *testing.T) {
+	long := map[string]bool{"help": true}
+	for _, opt := range optionTable {
+		if opt.long != "" {
+			long[opt.long] = true
+		}
+	}
+	var shorts []string
+	newCommand(nil).Flags().VisitAll(func(f *pflag.Flag) {
+		switch {
+		case isShortOnly(f):
+			shorts = append(shorts, f.Shorthand)
+		case !long[f.Name]:
+			t.Errorf("--%s is not an option of the table", f.Name)
+		}
+	})
+	if want := []string{"d", "f", "o", "s"}; !slices.Equal(shorts, want) {
+		t.Errorf("short-only flags %q, want %q", shorts, want)
+	}
+	for _, s := range shorts {
+		for _, arg := range []string{"--" + s, "--short-" + s, "--" + shortOnlyName(s)} {
+			if _, err := parse(append(slices.Clone(base), arg)); err == nil || !regexp.MustCompile(`^(unknown flag: --|bad flag syntax: ---)`).MatchString(err.Error()) {
+				t.Errorf("%s: error %v, want an unknown flag", arg, err)
+			}
+		}
+	}
+	if _, err := parse(append(slices.Clone(base), "--options=xattr")); err == nil || err.Error() != "unknown flag: --options" {
+		t.Errorf("--options: error %v, want unknown flag: --options", err)
+	}
+}
+
+// TestShortFlagErrors: an error in a short-only flag's value names it as
+// it is written.
+func TestShortFlagErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"-o", "bogus"}, `invalid argument "bogus" for "-o" flag: unknown option -o bogus`},
+		{[]string{"-d=maybe"}, `invalid argument "maybe" for "-d" flag: "maybe" is not a boolean`},
+		{[]string{"--cache=x"}, `invalid argument "x" for "--cache" flag: "x" is not one of`},
+	} {
+		cmd := newCommand(nil)
+		cmd.SetArgs(append(slices.Clone(base), tc.args...))
+		cmd.SetOut(io.Discard)
+		cmd.SetErr(io.Discard)
+		if err := cmd.Execute(); err == nil || !strings.HasPrefix(err.Error(), tc.err) {
+			t.Errorf("%q: error %v, want %s...", tc.args, err, tc.err)
+		}
+	}
+}
+
+// TestHelp: --help shows every option, with each of its spellings and its
+// default; a value is named, never "string" or "int"; a default that
+// depends on the machine is said in words.
+func TestHelp(t *testing.T) {
+	cmd := newCommand(nil)
+	var out strings.Builder
+	cmd.SetArgs([]string{"--help"})
+	cmd.SetOut(&out)
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	help := out.String()
+	o := newOptions()
+	for _, opt := range optionTable {
+		lead := opt.oSpelling() // how the option's line starts
+		switch {
+		case opt.short != "":
+			lead = "-" + opt.short
+		case opt.long != "":
+			lead = "--" + opt.long
+		}
+		var line string
+		for _, l := range strings.Split(help, "\n") {
+			if l = strings.TrimSpace(l); strings.HasPrefix(l, lead+" ") || strings.HasPrefix(l, lead+",") {
+				line = l
+			}
+		}
+		if line == "" {
+			t.Errorf("no line for %+v in\n%s", opt, help)
+			continue
+		}
+		if s := opt.oSpelling(); s != "" && !strings.Contains(line, s) {
+			t.Errorf("%q: no %q", line, s)
+		}
+		if opt.kind != optBool && valueName(opt.usage) == "" {
+			t.Errorf("%q: the value has no name", line)
+		}
+		if def := opt.defaultValue(o); def != "" && def != "false" && !strings.Contains(line, "(default ") {
+			t.Errorf("%q: no default (%s)", line, def)
+		}
+	}
+	for _, want := range []string{
+		`--cache MODE `, `-o cache=MODE (default "auto")`,
+		`--queues N `, `(default 255)`,
+		`-o log_level=LEVEL (default "info")`,
+		`--inode-file-handles MODE `, `(default "never")`,
+		`(default one fewer than the CPUs, at least 1)`,
+		`(default raised to min(1000000, fs.nr_open))`,
+		`--sandbox MODE `, `(default "namespace")`, `(default "kill")`,
+		`-o [no_]posix_lock `, `(default no_posix_lock)`,
+		`-d, -o debug `, `-o OPTIONS `,
+	} {
+		if !strings.Contains(help, want) {
+			t.Errorf("no %q in --help:\n%s", want, help)
+		}
+	}
+	for _, bad := range []string{" string ", " int ", "---"} {
+		if strings.Contains(help, bad) {
+			t.Errorf("%q in --help:\n%s", bad, help)
+		}
+	}
+}

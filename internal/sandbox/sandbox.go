@@ -53,6 +53,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -75,20 +76,25 @@ const (
 	None
 )
 
-// ParseMode parses namespace|chroot|none.
-func ParseMode(s string) (Mode, error) {
-	switch s {
-	case "namespace", "":
-		return Namespace, nil
-	case "chroot":
-		return Chroot, nil
-	case "none":
-		return None, nil
-	}
-	return 0, fmt.Errorf("unknown sandbox mode %q (namespace|chroot|none)", s)
-}
+// modeNames are the Modes' names on the command line, by Mode.
+var modeNames = []string{"namespace", "chroot", "none"}
 
-func (m Mode) String() string { return [...]string{"namespace", "chroot", "none"}[m] }
+// ParseMode parses namespace|chroot|none ("": namespace).
+func ParseMode(s string) (Mode, error) { return parseName[Mode]("sandbox mode", modeNames, s) }
+
+func (m Mode) String() string { return modeNames[m] }
+
+// parseName parses one of the names of an enumeration (what), given by
+// value: names[v] is v's; "" is the default, the value 0.
+func parseName[T ~int](what string, names []string, s string) (T, error) {
+	if s == "" {
+		return 0, nil
+	}
+	if i := slices.Index(names, s); i >= 0 {
+		return T(i), nil
+	}
+	return 0, fmt.Errorf("unknown %s %q (%s)", what, s, strings.Join(names, "|"))
+}
 
 // Config is the sandbox of one daemon. Every stage builds the same Config
 // from the same command line.
@@ -549,11 +555,7 @@ func execStage(exe int, stage string, files map[string]*os.File) error {
 		// inside the sandbox (no cgroup files, and no syscalls for it).
 		env = append(env, "GODEBUG="+strings.TrimPrefix(os.Getenv("GODEBUG")+",updatemaxprocs=0", ","))
 	}
-	argv, err := cStrings(os.Args)
-	if err != nil {
-		return err
-	}
-	envv, err := cStrings(env)
+	argv, envv, err := execVectors(env)
 	if err != nil {
 		return err
 	}
@@ -589,6 +591,18 @@ func resume(cfg Config) (*Inside, error) {
 		return nil, fmt.Errorf("sandbox: %w", err)
 	}
 	return &Inside{cfg: cfg, root: "/", procSelfFD: proc, files: files}, nil
+}
+
+// execVectors are the argv (this process's arguments) and envp (env) of an
+// exec of this binary, as the system call takes them.
+func execVectors(env []string) (argv, envv []*byte, err error) {
+	if argv, err = cStrings(os.Args); err != nil {
+		return nil, nil, err
+	}
+	if envv, err = cStrings(env); err != nil {
+		return nil, nil, err
+	}
+	return argv, envv, nil
 }
 
 // cStrings is ss as a NULL-terminated array of NUL-terminated strings.

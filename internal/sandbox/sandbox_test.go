@@ -79,6 +79,24 @@ func TestParseModes(t *testing.T) {
 	if _, err := ParseSeccompMode("errno"); err == nil {
 		t.Error("ParseSeccompMode(errno): no error")
 	}
+	// Each name is its value's, both ways, and an unknown one is named
+	// with the choices.
+	for m := Namespace; m <= None; m++ {
+		if got, err := ParseMode(m.String()); err != nil || got != m {
+			t.Errorf("ParseMode(%q) = %v, %v; want %d", m, got, err, m)
+		}
+	}
+	for m := SeccompKill; m <= SeccompNone; m++ {
+		if got, err := ParseSeccompMode(m.String()); err != nil || got != m {
+			t.Errorf("ParseSeccompMode(%q) = %v, %v; want %d", m, got, err, m)
+		}
+	}
+	if _, err := ParseMode("container"); err == nil || err.Error() != `unknown sandbox mode "container" (namespace|chroot|none)` {
+		t.Errorf("ParseMode(container): %v", err)
+	}
+	if _, err := ParseSeccompMode("errno"); err == nil || err.Error() != `unknown seccomp action "errno" (kill|log|trap|none)` {
+		t.Errorf("ParseSeccompMode(errno): %v", err)
+	}
 }
 
 // TestAllowlistNames: every name is a system call of this architecture

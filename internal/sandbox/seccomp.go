@@ -25,24 +25,15 @@ const (
 	SeccompNone
 )
 
-// ParseSeccompMode parses kill|log|trap|none.
+// seccompNames are the SeccompModes' names on the command line, by mode.
+var seccompNames = []string{"kill", "log", "trap", "none"}
+
+// ParseSeccompMode parses kill|log|trap|none ("": kill).
 func ParseSeccompMode(s string) (SeccompMode, error) {
-	switch s {
-	case "kill", "":
-		return SeccompKill, nil
-	case "log":
-		return SeccompLog, nil
-	case "trap":
-		return SeccompTrap, nil
-	case "none":
-		return SeccompNone, nil
-	}
-	return 0, fmt.Errorf("unknown seccomp action %q (kill|log|trap|none)", s)
+	return parseName[SeccompMode]("seccomp action", seccompNames, s)
 }
 
-func (m SeccompMode) String() string {
-	return [...]string{"kill", "log", "trap", "none"}[m]
-}
+func (m SeccompMode) String() string { return seccompNames[m] }
 
 // allowlist is every system call the daemon makes once it serves, by its
 // x86_64 name (the list is verified on x86_64 only: run the integration

@@ -181,6 +181,14 @@ static long env_long(const char *name) {
 	return v;
 }
 
+// waiter_signals is the set of signals the waiter takes: the stop signals
+// and SIGCHLD.
+static void waiter_signals(sigset_t *set) {
+	sigemptyset(set);
+	stop_signals(set);
+	sigaddset(set, SIGCHLD);
+}
+
 static int64_t now_ns(void) {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -222,11 +230,7 @@ static void exec_reaped(char **argv, int status, int stop, int killed) {
 		signal(SIGINT, SIG_IGN);
 		signal(SIGHUP, SIG_IGN);
 		sigset_t all;
-		sigemptyset(&all);
-		sigaddset(&all, SIGTERM);
-		sigaddset(&all, SIGINT);
-		sigaddset(&all, SIGHUP);
-		sigaddset(&all, SIGCHLD);
+		waiter_signals(&all);
 		sigprocmask(SIG_UNBLOCK, &all, NULL);
 		execve("/proc/self/exe", argv, env);
 		fprintf(stderr, "govirtiofsd: exec of the reaped stage: %s\n", strerror(errno));
@@ -241,11 +245,7 @@ static void exec_reaped(char **argv, int status, int stop, int killed) {
 static void wait_for_daemon(char **argv) __attribute__((noreturn));
 static void wait_for_daemon(char **argv) {
 	sigset_t set;
-	sigemptyset(&set);
-	sigaddset(&set, SIGTERM);
-	sigaddset(&set, SIGINT);
-	sigaddset(&set, SIGHUP);
-	sigaddset(&set, SIGCHLD);
+	waiter_signals(&set);
 	// Stop signals are blocked already (handover), and any that came
 	// during the hand-over are pending.
 	sigprocmask(SIG_BLOCK, &set, NULL);

@@ -133,11 +133,7 @@ func handOver(cfg Config, pid int, sigs <-chan os.Signal, first os.Signal, dir s
 		envResend+"="+strconv.FormatInt(stopResend.Milliseconds(), 10),
 		envGrace+"="+strconv.FormatInt(stopGrace.Milliseconds(), 10),
 		envWorkDir+"="+dir)
-	argv, err := cStrings(os.Args)
-	if err != nil {
-		return err
-	}
-	envv, err := cStrings(env)
+	argv, envv, err := execVectors(env)
 	if err != nil {
 		return err
 	}
