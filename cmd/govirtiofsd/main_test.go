@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/govirtiofsd/govirtiofsd/test/launch"
 )
 
 // The tests below run the daemon as a process: the test binary is the
@@ -55,49 +57,24 @@ func (b *syncBuffer) Len() int { return len(b.String()) }
 // the default sandbox) run from test/e2e and test/integration, with the
 // static binary.
 func daemonCmd(args ...string) *exec.Cmd {
-	args = append([]string{"--sandbox=none", "--seccomp=none"}, args...)
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), "GOVIRTIOFSD_TEST_MAIN=1")
-	return cmd
+	return launch.Spec{Bin: os.Args[0], Args: append([]string{"--sandbox=none", "--seccomp=none"}, args...),
+		Env: []string{"GOVIRTIOFSD_TEST_MAIN=1"}}.Command()
 }
 
-// startDaemon starts the daemon and waits for sock to appear.
-func startDaemon(t *testing.T, sock string, stderr *syncBuffer, args ...string) *exec.Cmd {
+// startDaemon starts cmd with its stderr in stderr and waits for sock to
+// appear; the daemon is killed at the end of the test.
+func startDaemon(t *testing.T, cmd *exec.Cmd, sock string, stderr *syncBuffer) *launch.Process {
 	t.Helper()
-	cmd := daemonCmd(args...)
 	cmd.Stderr = stderr
-	if err := cmd.Start(); err != nil {
+	p, err := launch.Start(cmd)
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	waitSocket(t, sock)
-	return cmd
-}
-
-func waitSocket(t *testing.T, sock string) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if st, err := os.Stat(sock); err == nil && st.Mode()&os.ModeSocket != 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not appear", sock)
-		}
+	t.Cleanup(p.Kill)
+	if err := p.WaitSocket(sock, 10*time.Second); err != nil {
+		t.Fatal(err)
 	}
-}
-
-func exitCode(err error) int {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode()
-	}
-	if err != nil {
-		return -1
-	}
-	return 0
+	return p
 }
 
 func TestPrintCapabilities(t *testing.T) {
@@ -125,7 +102,7 @@ func TestUnknownOptionExits1(t *testing.T) {
 		cmd := daemonCmd(args...)
 		cmd.Stderr = &stderr
 		err := cmd.Run()
-		if exitCode(err) != 1 || !strings.HasPrefix(stderr.String(), "govirtiofsd: ") {
+		if cmd.ProcessState.ExitCode() != 1 || !strings.HasPrefix(stderr.String(), "govirtiofsd: ") {
 			t.Errorf("%q: exit %v, stderr %q; want exit 1 with a message", args, err, stderr.String())
 		}
 	}
@@ -138,28 +115,29 @@ func TestSocketPathLifecycle(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "v.sock")
 	var stderr syncBuffer
-	first := startDaemon(t, sock, &stderr, "--socket-path", sock, "--shared-dir", dir, "--allow-mmap")
+	first := startDaemon(t, daemonCmd("--socket-path", sock, "--shared-dir", dir, "--allow-mmap"), sock, &stderr)
 	if st, err := os.Stat(sock); err != nil || st.Mode().Perm() != 0o600 {
 		t.Errorf("socket mode %v (%v), want 0600", st.Mode(), err)
 	}
 	pid, err := os.ReadFile(sock + ".pid")
-	if err != nil || strings.TrimSpace(string(pid)) != strconv.Itoa(first.Process.Pid) {
-		t.Errorf("pid file holds %q (%v), want %d", pid, err, first.Process.Pid)
+	if err != nil || strings.TrimSpace(string(pid)) != strconv.Itoa(first.Pid()) {
+		t.Errorf("pid file holds %q (%v), want %d", pid, err, first.Pid())
 	}
 
 	var stderr2 syncBuffer
 	second := daemonCmd("--socket-path", sock, "--shared-dir", dir)
 	second.Stderr = &stderr2
 	err = second.Run()
-	if exitCode(err) != 1 || !strings.Contains(stderr2.String(), "another daemon (pid "+strconv.Itoa(first.Process.Pid)+") is serving") {
+	if second.ProcessState.ExitCode() != 1 || !strings.Contains(stderr2.String(), "another daemon (pid "+strconv.Itoa(first.Pid())+") is serving") {
 		t.Errorf("second daemon: %v, stderr %q; want exit 1, refused", err, stderr2.String())
 	}
 	if _, err := os.Stat(sock); err != nil {
 		t.Errorf("the second daemon took the socket: %v", err)
 	}
 
-	first.Process.Signal(syscall.SIGTERM)
-	if err := first.Wait(); err != nil {
+	first.Signal(syscall.SIGTERM)
+	<-first.Done()
+	if err := first.Err(); err != nil {
 		t.Errorf("SIGTERM: exit %v, want 0", err)
 	}
 	for _, p := range []string{sock, sock + ".pid"} {
@@ -179,7 +157,7 @@ func TestSocketGroup(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "v.sock")
 	var stderr syncBuffer
-	startDaemon(t, sock, &stderr, "--socket-path", sock, "--shared-dir", dir, "--socket-group=4242")
+	startDaemon(t, daemonCmd("--socket-path", sock, "--shared-dir", dir, "--socket-group=4242"), sock, &stderr)
 	var st syscall.Stat_t
 	if err := syscall.Stat(sock, &st); err != nil {
 		t.Fatal(err)
@@ -205,11 +183,12 @@ func TestSyslog(t *testing.T) {
 	cmd.Env = append(cmd.Env, "GOVIRTIOFSD_SYSLOG_SOCKET="+logSock)
 	var stderr syncBuffer
 	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
+	p, err := launch.Start(cmd)
+	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	re := regexp.MustCompile(`^<(\d+)>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d govirtiofsd\.test\[` + strconv.Itoa(cmd.Process.Pid) + `\]: msg="([^"]*)"`)
+	defer p.Kill()
+	re := regexp.MustCompile(`^<(\d+)>[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d govirtiofsd\.test\[` + strconv.Itoa(p.Pid()) + `\]: msg="([^"]*)"`)
 	// Read until the start-up lines and a debug line have arrived; once
 	// the daemon waits, a vhost-user GET_FEATURES gives a debug line.
 	var note, waiting, debug int
@@ -256,21 +235,17 @@ func TestSIGTERMAsSoonAsTheSocketExists(t *testing.T) {
 	for i := range 10 {
 		dir := t.TempDir()
 		sock := filepath.Join(dir, "v.sock")
-		cmd := daemonCmd("--socket-path", sock, "--shared-dir", dir)
-		if err := cmd.Start(); err != nil {
+		d, err := launch.Start(daemonCmd("--socket-path", sock, "--shared-dir", dir))
+		if err != nil {
 			t.Fatal(err)
 		}
-		for deadline := time.Now().Add(10 * time.Second); ; {
-			if _, err := os.Lstat(sock); err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				cmd.Process.Kill()
-				t.Fatalf("run %d: %s did not appear", i, sock)
-			}
+		if err := d.WaitCreated(sock, 10*time.Second); err != nil {
+			d.Kill()
+			t.Fatalf("run %d: %v", i, err)
 		}
-		cmd.Process.Signal(syscall.SIGTERM)
-		if err := cmd.Wait(); err != nil {
+		d.Signal(syscall.SIGTERM)
+		<-d.Done()
+		if err := d.Err(); err != nil {
 			t.Errorf("run %d: SIGTERM at once: exit %v, want 0", i, err)
 		}
 		for _, p := range []string{sock, sock + ".pid"} {
@@ -289,10 +264,7 @@ func TestSyslogUnreachable(t *testing.T) {
 	cmd := daemonCmd("--syslog", "--socket-path", sock, "--shared-dir", dir)
 	cmd.Env = append(cmd.Env, "GOVIRTIOFSD_SYSLOG_SOCKET="+filepath.Join(dir, "nothing"))
 	var stderr syncBuffer
-	cmd.Stderr = &stderr
-	cmd.Start()
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	waitSocket(t, sock)
+	startDaemon(t, cmd, sock, &stderr)
 	// The socket exists before the daemon is ready to serve it.
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		if strings.Contains(stderr.String(), "waiting for vhost-user connection") {
@@ -356,7 +328,7 @@ func TestDaemonizeFailure(t *testing.T) {
 	cmd := daemonCmd("--daemonize", "--socket-path", sock, "--shared-dir", dir, "--xattrmap", ":bogus:")
 	var stderr syncBuffer
 	cmd.Stderr = &stderr
-	if err := cmd.Run(); exitCode(err) != 1 {
+	if err := cmd.Run(); cmd.ProcessState.ExitCode() != 1 {
 		t.Fatalf("exit %v, want 1\n%s", err, stderr.String())
 	}
 	if !strings.Contains(stderr.String(), "background daemon failed") {

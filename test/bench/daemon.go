@@ -4,14 +4,14 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/govirtiofsd/govirtiofsd/test/launch"
 )
 
 // Config is one daemon configuration of the side-by-side run.
@@ -33,100 +33,58 @@ type Config struct {
 // Label is a short column heading.
 func (c Config) Label() string { return c.Name }
 
-// Args returns the daemon's command line (after the binary).
+// Args returns the daemon's command line (after the binary): cache none,
+// the pool size, then Extra.
 func (c Config) Args(sock, share string) []string {
-	a := []string{"--socket-path=" + sock, "-o", "source=" + share, "-o", "cache=none"}
-	if c.Rust {
-		// Its default sandbox (namespace) and seccomp (kill) work here.
-		a = []string{"--socket-path=" + sock, "--shared-dir=" + share, "--cache=never"}
+	line := launch.Line{Kind: launch.Reference, Socket: sock, Share: share, Cache: "never", Extra: c.Extra}
+	switch {
+	case c.Ours:
+		line.Kind = launch.Ours
+	case c.Rust:
+		line.Kind = launch.Rust // its default sandbox (namespace) and seccomp (kill) work here
 	}
 	if c.Pool >= 0 {
-		a = append(a, "--thread-pool-size="+strconv.Itoa(c.Pool))
+		line.Extra = append([]string{"--thread-pool-size=" + strconv.Itoa(c.Pool)}, c.Extra...)
 	}
-	return append(a, c.Extra...)
+	return line.Args()
 }
 
 // Daemon is a running back end.
 type Daemon struct {
+	*launch.Process
 	Cfg  Config
-	Cmd  *exec.Cmd
 	Sock string
-	Log  string
-	done chan struct{}
-	// StopTime is how long the last Stop took.
-	StopTime time.Duration
 }
 
-// StartDaemon launches bin with cfg's arguments, logging to a file in dir.
-// Extra environment entries are appended to ours.
+// StartDaemon launches bin with cfg's arguments, logging to a file in dir
+// (each run's log after the last's). Extra environment entries are
+// appended to ours.
 func StartDaemon(cfg Config, bin, share, dir string, env []string) (*Daemon, error) {
 	sock := filepath.Join(dir, cfg.Name+".sock")
 	os.Remove(sock)
-	logPath := filepath.Join(dir, cfg.Name+".log")
-	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	p, err := launch.Spec{Bin: bin, Args: cfg.Args(sock, share), Env: env, Group: true,
+		Log: filepath.Join(dir, cfg.Name+".log"), Append: true}.Start()
 	if err != nil {
 		return nil, err
 	}
-	defer lf.Close()
-	cmd := exec.Command(bin, cfg.Args(sock, share)...)
-	cmd.Stdout, cmd.Stderr = lf, lf
-	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, err
+	d := &Daemon{Process: p, Cfg: cfg, Sock: sock}
+	if err := p.WaitSocket(sock, 10*time.Second); err != nil {
+		d.Stop()
+		return nil, fmt.Errorf("%s: %w", cfg.Name, err)
 	}
-	d := &Daemon{Cfg: cfg, Cmd: cmd, Sock: sock, Log: logPath, done: make(chan struct{})}
-	go func() { cmd.Wait(); close(d.done) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if st, err := os.Stat(sock); err == nil && st.Mode()&os.ModeSocket != 0 {
-			return d, nil
-		}
-		select {
-		case <-d.done:
-			return nil, fmt.Errorf("%s exited at start-up (log %s): %s", cfg.Name, logPath, tail(logPath))
-		case <-time.After(5 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			d.Stop()
-			return nil, fmt.Errorf("%s: no socket after 10 s", cfg.Name)
-		}
-	}
-}
-
-func tail(path string) string {
-	b, _ := os.ReadFile(path)
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
-	}
-	return string(b)
+	return d, nil
 }
 
 // Stop waits briefly for the daemon to exit by itself (ours does once the
 // front end disconnects; the reference takes longer), then terminates its
-// process group. It returns how long the daemon took to go.
-func (d *Daemon) Stop() time.Duration {
-	start := time.Now()
-	defer func() { d.StopTime = time.Since(start) }()
-	select {
-	case <-d.done:
-		return time.Since(start)
-	case <-time.After(300 * time.Millisecond):
-	}
-	unix.Kill(-d.Cmd.Process.Pid, unix.SIGTERM)
-	select {
-	case <-d.done:
-		return time.Since(start)
-	case <-time.After(2 * time.Second):
-	}
-	unix.Kill(-d.Cmd.Process.Pid, unix.SIGKILL)
-	<-d.done
-	return time.Since(start)
+// process group.
+func (d *Daemon) Stop() {
+	d.Process.Stop(300*time.Millisecond, launch.Step{Signal: unix.SIGTERM, Wait: 2 * time.Second})
 }
 
 // Pids returns the daemon's process and all its descendants (a sandboxed
 // daemon's supervisor and its child).
-func (d *Daemon) Pids() []int { return ProcessTree(d.Cmd.Process.Pid) }
+func (d *Daemon) Pids() []int { return ProcessTree(d.Pid()) }
 
 // ProcessTree returns root and its descendants, from the ppid field of
 // /proc/*/stat.

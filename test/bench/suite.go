@@ -266,7 +266,7 @@ func (o *SuiteOptions) runOne(c Config, w Workload, tag string) Cell {
 	size := max(w.Size, 4096)
 	t, err := Connect(d.Sock, c.targetOptions(o.QueueSize, bufMiB(o.depth(w), size)), o.files(), o.FileSize)
 	if err != nil {
-		return Cell{Err: fmt.Errorf("%s: %w (log: %s)", c.Name, err, tail(d.Log))}
+		return Cell{Err: fmt.Errorf("%s: %w (log: %s)", c.Name, err, d.Tail(30))}
 	}
 	defer t.Close()
 	var cpu0, cpu1 time.Duration

@@ -278,7 +278,7 @@ func TestBenchGuest(t *testing.T) {
 	ours := func() []int { // process groups of this test's daemons and guests
 		pg := []int{}
 		for _, r := range runs {
-			pg = append(pg, r.d.cmd.Process.Pid, r.v.cmd.Process.Pid)
+			pg = append(pg, r.d.Pid(), r.v.Pid())
 		}
 		return pg
 	}()
@@ -325,11 +325,11 @@ func TestBenchGuest(t *testing.T) {
 		}
 	}
 	for _, r := range runs {
-		<-r.v.exited
-		if r.failed == "" && (r.v.timedOut.Load() || r.v.exitCode() != 0) {
-			t.Errorf("%s: QEMU exit status %d (timed out: %v)", r.cfg.name, r.v.exitCode(), r.v.timedOut.Load())
+		<-r.v.Done()
+		if r.failed == "" && (r.v.timedOut.Load() || r.v.Status().Code != 0) {
+			t.Errorf("%s: QEMU exit status %d (timed out: %v)", r.cfg.name, r.v.Status().Code, r.v.timedOut.Load())
 		}
-		if !r.d.wait(daemonExitTimeout) {
+		if !r.d.Wait(daemonExitTimeout) {
 			t.Errorf("%s: daemon still running %v after QEMU exited", r.cfg.name, daemonExitTimeout)
 		}
 	}
@@ -399,19 +399,19 @@ func (r *benchRun) next(timeout time.Duration) bool {
 		if countMatches(r.v.consoleLines(), reAsk) >= r.asks {
 			return true
 		}
-		if !r.v.running() {
+		if !r.v.Running() {
 			time.Sleep(100 * time.Millisecond)
 			if countMatches(r.v.consoleLines(), reAsk) >= r.asks {
 				return true
 			}
-			r.failed = fmt.Sprintf("QEMU exited (%v)", r.v.waitErr)
+			r.failed = fmt.Sprintf("QEMU exited (%v)", r.v.Err())
 		} else if time.Now().After(deadline) {
 			r.failed = fmt.Sprintf("no E2E-ASK #%d within %v", r.asks, timeout)
-			r.v.kill()
+			r.v.Kill()
 		}
 		if r.failed != "" {
-			r.v.t.Errorf("%s: %s; daemon running: %v\n%s\ndaemon log:\n%s", r.cfg.name, r.failed, r.d.running(),
-				lastLines(r.v.consoleLines(), 15), tail(r.d.logPath, 10))
+			r.v.t.Errorf("%s: %s; daemon running: %v\n%s\ndaemon log:\n%s", r.cfg.name, r.failed, r.d.Running(),
+				lastLines(r.v.consoleLines(), 15), tail(r.d.LogPath, 10))
 			return false
 		}
 		time.Sleep(50 * time.Millisecond)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/govirtiofsd/govirtiofsd/test/launch"
 )
 
 // dropInLine is one way a VMM manager launches virtiofsd, verbatim.
@@ -153,22 +154,15 @@ func scenarioDropIn(t *testing.T, k guestKernel, line dropInLine) {
 	}
 	sock := filepath.Join(sockDir, "vhost.sock")
 
-	cmd := exec.Command(ourDaemonBinary(t), line.args(shared, sock)...)
 	logPath := filepath.Join(dir, "daemon.log")
-	lf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lf.Close()
-	fmt.Fprintf(lf, "# %s\n", shellQuote(cmd.Args))
-	cmd.Stdout, cmd.Stderr = lf, lf
+	spec := launch.Spec{Bin: ourDaemonBinary(t), Args: line.args(shared, sock), Group: true, Log: logPath, Header: true}
 	var sink *syslogSink
 	if line.syslog {
 		sink = newSyslogSink(t, sockDir)
 		t.Cleanup(func() { // kept with the other logs
 			os.WriteFile(filepath.Join(dir, "syslog.log"), []byte(strings.Join(sink.lines(), "\n")+"\n"), 0o644)
 		})
-		cmd.Env = append(os.Environ(), "GOVIRTIOFSD_SYSLOG_SOCKET="+sink.path)
+		spec.Env = []string{"GOVIRTIOFSD_SYSLOG_SOCKET=" + sink.path}
 	}
 	if line.fd >= 0 {
 		// The manager binds and listens, and the daemon inherits the
@@ -183,38 +177,38 @@ func scenarioDropIn(t *testing.T, k guestKernel, line dropInLine) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cmd.ExtraFiles = make([]*os.File, line.fd-2) // fd 3+i; nil: closed
-		cmd.ExtraFiles[line.fd-3] = f
+		spec.Files = make([]*os.File, line.fd-2) // fd 3+i; nil: closed
+		spec.Files[line.fd-3] = f
 		defer f.Close()
 	}
-	d := &daemon{process: startProcess(t, cmd), kind: ourDaemon, logPath: logPath}
+	p, err := spec.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Kill)
+	d := &daemon{Process: p, kind: ourDaemon}
 	if line.fd >= 0 {
-		cmd.ExtraFiles[line.fd-3].Close() // the daemon's copy is its own
+		spec.Files[line.fd-3].Close() // the daemon's copy is its own
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if st, err := os.Stat(sock); err == nil && st.Mode()&os.ModeSocket != 0 {
-			break
-		}
-		if !d.running() || time.Now().After(deadline) {
-			t.Fatalf("no socket %s (daemon running: %v)\n%s", sock, d.running(), tail(logPath, 30))
-		}
+	if err := d.WaitSocket(sock, 10*time.Second); err != nil {
+		t.Fatal(err)
 	}
-	if !d.running() {
-		t.Fatalf("daemon exited at start: %v\n%s", d.waitErr, tail(logPath, 30))
+	if !d.Running() {
+		t.Fatalf("daemon exited at start: %v\n%s", d.Err(), tail(logPath, 30))
 	}
 
 	v := startVM(t, dir, vmConfig{Kernel: k, Sock: sock, Script: "dropin", Tag: "kataShared", MemPath: "/dev/shm"})
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("daemon running: %v, exit status %d (%v)", d.running(), d.exitCode(), d.waitErr)
+			t.Logf("daemon running: %v, exit status %d (%v)", d.Running(), d.Status().Code, d.Err())
 		}
 	})
 	v.waitExit()
-	if !d.wait(daemonExitTimeout) {
+	if !d.Wait(daemonExitTimeout) {
 		t.Fatalf("daemon still running %v after QEMU exited\n%s", daemonExitTimeout, tail(logPath, 20))
 	}
-	if d.exitCode() != 0 {
-		t.Fatalf("daemon exit status %d (%v)\n%s", d.exitCode(), d.waitErr, tail(logPath, 20))
+	if d.Status().Code != 0 {
+		t.Fatalf("daemon exit status %d (%v)\n%s", d.Status().Code, d.Err(), tail(logPath, 20))
 	}
 
 	g := parseConsole(v.consoleLines())
@@ -243,7 +237,7 @@ func scenarioDropIn(t *testing.T, k guestKernel, line dropInLine) {
 	if b, err := os.ReadFile(filepath.Join(shared, "kept")); err != nil || string(b) != "kept\n" {
 		t.Errorf("host sees kept as %q (%v)", b, err)
 	}
-	t.Logf("QEMU ran %.1fs (boot to mount: %v)", v.exitTime.Sub(v.started).Seconds(), v.markerTimes(reMounted))
+	t.Logf("QEMU ran %.1fs (boot to mount: %v)", v.ExitTime().Sub(v.started).Seconds(), v.markerTimes(reMounted))
 
 	// Where the log went.
 	if sink != nil {

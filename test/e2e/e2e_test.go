@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/govirtiofsd/govirtiofsd/test/launch"
 )
 
 // TestBootInitRoundTrip: the guest mounts the share and makes a first access
@@ -38,10 +40,10 @@ func TestGuestPowerOff(t *testing.T) {
 // Gated by GOVIRTIOFSD_E2E_REFERENCE=1.
 func TestReferenceDaemonBoot(t *testing.T) {
 	if os.Getenv("GOVIRTIOFSD_E2E_REFERENCE") != "1" {
-		t.Skip("set GOVIRTIOFSD_E2E_REFERENCE=1 to run the scenarios against " + referenceDaemon)
+		t.Skip("set GOVIRTIOFSD_E2E_REFERENCE=1 to run the scenarios against " + launch.ReferenceBin)
 	}
 	requireRoot(t)
-	if _, err := os.Stat(referenceDaemon); err != nil {
+	if _, err := os.Stat(launch.ReferenceBin); err != nil {
 		t.Skipf("reference daemon: %v", err)
 	}
 	t.Run("roundtrip", func(t *testing.T) {
@@ -115,7 +117,7 @@ func (e *env) summarize(v *vm, g guestRun) {
 	t := e.t
 	t.Logf("%s, %s: %d boot(s); since QEMU start: E2E-BOOT at %v, mounted at %v; guest uptime at mount %v; QEMU ran %.1fs",
 		e.kind, e.kernel.Version, g.Boots, v.markerTimes(reBoot), v.markerTimes(reMounted), g.Uptimes,
-		v.exitTime.Sub(v.started).Seconds())
+		v.ExitTime().Sub(v.started).Seconds())
 	for _, s := range g.Steps {
 		t.Logf("  boot %d step %-8s rc=%d %s", s.Boot, s.Name, s.RC, strings.Join(s.Output, " | "))
 	}
@@ -126,7 +128,7 @@ func (e *env) summarize(v *vm, g guestRun) {
 		reqs := e.d.fuseRequests(t)
 		for i, r := range reqs {
 			if i == 20 {
-				t.Logf("  ... %d more FUSE requests in %s", len(reqs)-i, e.d.logPath)
+				t.Logf("  ... %d more FUSE requests in %s", len(reqs)-i, e.d.LogPath)
 				break
 			}
 			t.Logf("  daemon: queue=%s unique=%s opcode=%s nodeid=%s len=%s error=%d", r.Queue, r.Unique, r.Opcode, r.NodeID, r.Len, r.Error)
@@ -140,18 +142,18 @@ func (e *env) summarize(v *vm, g guestRun) {
 func (e *env) daemonExit(v *vm, require bool) {
 	t := e.t
 	t.Helper()
-	if !e.d.wait(daemonExitTimeout) {
+	if !e.d.Wait(daemonExitTimeout) {
 		if require {
-			t.Fatalf("%s still running %v after QEMU exited\n%s", e.kind, daemonExitTimeout, tail(e.d.logPath, 20))
+			t.Fatalf("%s still running %v after QEMU exited\n%s", e.kind, daemonExitTimeout, tail(e.d.LogPath, 20))
 		}
 		t.Logf("%s still running %v after QEMU exited", e.kind, daemonExitTimeout)
 		return
 	}
 	// QEMU is reaped after it has closed the socket: the daemon often "exits first".
-	after := max(e.d.exitTime.Sub(v.exitTime), 0)
-	t.Logf("%s exited with status %d, %.2fs after QEMU", e.kind, e.d.exitCode(), after.Seconds())
-	if require && e.d.exitCode() != 0 {
-		t.Fatalf("%s exit status %d (%v), want 0\n%s", e.kind, e.d.exitCode(), e.d.waitErr, tail(e.d.logPath, 20))
+	after := max(e.d.ExitTime().Sub(v.ExitTime()), 0)
+	t.Logf("%s exited with status %d, %.2fs after QEMU", e.kind, e.d.Status().Code, after.Seconds())
+	if require && e.d.Status().Code != 0 {
+		t.Fatalf("%s exit status %d (%v), want 0\n%s", e.kind, e.d.Status().Code, e.d.Err(), tail(e.d.LogPath, 20))
 	}
 }
 
@@ -209,7 +211,7 @@ func scenarioRoundTrip(t *testing.T, kind daemonKind, k guestKernel) {
 	}
 	inits := e.inits()
 	if kind == ourDaemon && len(inits) == 0 {
-		t.Fatalf("no INIT request in the daemon log %s", e.d.logPath)
+		t.Fatalf("no INIT request in the daemon log %s", e.d.LogPath)
 	}
 	e.checkBoot(g, 1, inits)
 }

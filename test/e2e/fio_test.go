@@ -103,7 +103,7 @@ func runFio(t *testing.T, kind daemonKind, k guestKernel, matrix string) map[str
 	v.waitExit()
 	e.daemonExit(v, true)
 	g := parseConsole(v.consoleLines())
-	t.Logf("%s on %s: QEMU ran %.1fs; logs in %s", kind, k.Version, v.exitTime.Sub(v.started).Seconds(), e.dir)
+	t.Logf("%s on %s: QEMU ran %.1fs; logs in %s", kind, k.Version, v.ExitTime().Sub(v.started).Seconds(), e.dir)
 	res := map[string]fioResult{}
 	for _, l := range v.consoleLines() {
 		if m := reFio.FindStringSubmatch(l); m != nil {

@@ -10,7 +10,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -23,9 +22,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/govirtiofsd/govirtiofsd/test/launch"
 )
 
 const (
@@ -35,8 +35,6 @@ const (
 	defaultVMTimeout = 90 * time.Second
 	// The daemon must exit on its own this soon after QEMU has gone.
 	daemonExitTimeout = 5 * time.Second
-	// Reference C daemon (Debian's qemu-system-common).
-	referenceDaemon = "/usr/lib/qemu/virtiofsd"
 )
 
 var (
@@ -219,91 +217,20 @@ const (
 	rustDaemonName = "virtiofsd-rust"
 )
 
-type process struct {
-	cmd      *exec.Cmd
-	exited   chan struct{}
-	waitErr  error
-	exitTime time.Time
-}
-
-func startProcess(t *testing.T, cmd *exec.Cmd) *process {
-	t.Helper()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", cmd.Path, err)
-	}
-	p := &process{cmd: cmd, exited: make(chan struct{})}
-	go func() {
-		p.waitErr = cmd.Wait()
-		p.exitTime = time.Now()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-p.exited
-		}
-	})
-	return p
-}
-
-func (p *process) running() bool {
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-// wait waits up to d; ok is false if the process is still running.
-func (p *process) wait(d time.Duration) (ok bool) {
-	select {
-	case <-p.exited:
-		return true
-	case <-time.After(d):
-		return false
-	}
-}
-
-func (p *process) kill() {
-	if p.running() {
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.exited
-	}
-}
-
-func (p *process) exitCode() int {
-	if p.running() {
-		return -1
-	}
-	if p.waitErr == nil {
-		return 0
-	}
-	var ee *exec.ExitError
-	if errors.As(p.waitErr, &ee) {
-		return ee.ExitCode() // -1 when killed by a signal
-	}
-	return -1
-}
-
 type daemon struct {
-	*process
-	kind    daemonKind
-	sock    string
-	logPath string
+	*launch.Process
+	kind daemonKind
+	sock string
 }
 
 func ourDaemonBinary(t *testing.T) string {
 	t.Helper()
 	bin := os.Getenv("GOVIRTIOFSD_BIN")
 	if bin == "" {
-		bin = filepath.Join(testDir, "..", "..", "bin", "govirtiofsd")
+		bin = filepath.Join(repoRoot, "bin", "govirtiofsd")
 	}
-	bin, _ = filepath.Abs(bin)
-	if _, err := os.Stat(bin); err != nil {
+	bin, err := launch.Existing(bin)
+	if err != nil {
 		t.Fatalf("daemon binary: %v (run make, or set GOVIRTIOFSD_BIN)", err)
 	}
 	return bin
@@ -311,64 +238,46 @@ func ourDaemonBinary(t *testing.T) string {
 
 // startDaemon starts the daemon of the given kind serving shared on sock,
 // with stdout+stderr in logPath, and waits for the socket to appear. extra
-// arguments follow the standard ones (each daemon's own spelling).
+// arguments follow the standard ones (each daemon's own spelling); the C
+// and the Rust daemon run with cache none unless extra names a cache mode.
 // GOVIRTIOFSD_E2E_DAEMON_ARGS adds arguments to our daemon's command line.
 func startDaemon(t *testing.T, kind daemonKind, sock, shared, logPath string, extra ...string) *daemon {
 	t.Helper()
-	var cmd *exec.Cmd
+	line := launch.Line{Kind: launch.Ours, Socket: sock, Share: shared, Extra: extra}
+	var bin string
 	switch kind {
 	case refDaemon:
-		args := []string{"--socket-path=" + sock, "-o", "source=" + shared}
-		if !slices.ContainsFunc(extra, func(a string) bool { return strings.HasPrefix(a, "cache=") }) {
-			args = append(args, "-o", "cache=none")
-		}
-		cmd = exec.Command(referenceDaemon, append(args, extra...)...)
+		line.Kind, bin = launch.Reference, launch.ReferenceBin
 	case rustDaemon:
-		args := []string{"--socket-path", sock, "--shared-dir", shared}
-		if !slices.Contains(extra, "--cache") {
-			args = append(args, "--cache", "never")
-		}
-		cmd = exec.Command(peersBin(t, rustDaemonName), append(args, extra...)...)
+		line.Kind, bin = launch.Rust, peersBin(t, rustDaemonName)
+	case altDaemon:
+		bin = os.Getenv("GOVIRTIOFSD_BENCH_ALT")
 	default:
-		args := []string{"--socket-path", sock, "--shared-dir", shared, "--log-level", "debug"}
-		args = append(args, extra...)
-		args = append(args, strings.Fields(os.Getenv("GOVIRTIOFSD_E2E_DAEMON_ARGS"))...)
-		bin := ourDaemonBinary(t)
-		if kind == altDaemon {
-			bin = os.Getenv("GOVIRTIOFSD_BENCH_ALT")
-		}
-		cmd = exec.Command(bin, args...)
+		bin = ourDaemonBinary(t)
 	}
-	f, err := os.Create(logPath)
+	if line.Kind == launch.Ours {
+		line.Extra = append(append([]string{"--log-level", "debug"}, extra...), strings.Fields(os.Getenv("GOVIRTIOFSD_E2E_DAEMON_ARGS"))...)
+	} else if !slices.ContainsFunc(extra, func(a string) bool { return a == "--cache" || strings.HasPrefix(a, "cache=") }) {
+		line.Cache = "never"
+	}
+	p, err := launch.Spec{Bin: bin, Args: line.Args(), Group: true, Log: logPath, Header: true}.Start()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("start %s: %v", bin, err)
 	}
-	t.Cleanup(func() { f.Close() })
-	fmt.Fprintf(f, "# %s\n", strings.Join(cmd.Args, " "))
-	cmd.Stdout, cmd.Stderr = f, f
-	d := &daemon{process: startProcess(t, cmd), kind: kind, sock: sock, logPath: logPath}
+	t.Cleanup(p.Kill)
+	d := &daemon{Process: p, kind: kind, sock: sock}
 	if kind == ourDaemon {
 		// Ours runs in its default sandbox (--seccomp kill): a system
 		// call outside the allowlist kills it, and its supervisor says
 		// so. Whatever the test made of the dead daemon, say why.
 		t.Cleanup(func() {
-			if b, err := os.ReadFile(logPath); err == nil && strings.Contains(string(b), "killed by signal") {
+			if strings.Contains(d.Log(), "killed by signal") {
 				t.Errorf("govirtiofsd was killed (seccomp?): %s\n%s", logPath, tail(logPath, 5))
 			}
 		})
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if fi, err := os.Stat(sock); err == nil && fi.Mode()&os.ModeSocket != 0 {
-			break
-		}
-		if !d.running() {
-			t.Fatalf("%s exited before creating %s: %v\n%s", kind, sock, d.waitErr, tail(logPath, 30))
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not create %s within 10s\n%s", kind, sock, tail(logPath, 30))
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := d.WaitSocket(sock, 10*time.Second); err != nil {
+		t.Fatalf("%s: %v", kind, err)
 	}
 	return d
 }
@@ -388,7 +297,7 @@ type fuseRequest struct {
 // fuseRequests parses the daemon log; the reference daemon has none.
 func (d *daemon) fuseRequests(t *testing.T) []fuseRequest {
 	t.Helper()
-	data, err := os.ReadFile(d.logPath)
+	data, err := os.ReadFile(d.LogPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,7 +328,7 @@ func (d *daemon) fuseRequests(t *testing.T) []fuseRequest {
 // (for the test log only: their wording is the daemon's business).
 func (d *daemon) lifecycleLines(t *testing.T) []string {
 	t.Helper()
-	data, err := os.ReadFile(d.logPath)
+	data, err := os.ReadFile(d.LogPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -439,7 +348,7 @@ func (d *daemon) lifecycleLines(t *testing.T) []string {
 // logSize is the daemon log's current length: an offset for vhostMessages.
 func (d *daemon) logSize(t *testing.T) int64 {
 	t.Helper()
-	fi, err := os.Stat(d.logPath)
+	fi, err := os.Stat(d.LogPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -465,7 +374,7 @@ func (m vhostMessage) String() string {
 // the log offsets from and to (to < 0: the end), in order.
 func (d *daemon) vhostMessages(t *testing.T, from, to int64) []vhostMessage {
 	t.Helper()
-	data, err := os.ReadFile(d.logPath)
+	data, err := os.ReadFile(d.LogPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -639,7 +548,7 @@ type vmConfig struct {
 }
 
 type vm struct {
-	*process
+	*launch.Process
 	t           *testing.T
 	name        string
 	stdin       io.WriteCloser
@@ -725,13 +634,13 @@ func startVM(t *testing.T, dir string, cfg vmConfig) *vm {
 	if len(cfg.Trace) > 0 {
 		args = append(args, "-D", filepath.Join(dir, "qemu-trace"+suffix+".log"), "-msg", "timestamp=on")
 	}
-	cmd := exec.Command(cfg.QEMU.binary(t), args...)
+	cmd := launch.Spec{Bin: cfg.QEMU.binary(t), Args: args, Group: true}.Command()
 	consolePath := filepath.Join(dir, "console"+suffix+".log")
 	cf, err := os.Create(consolePath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = os.WriteFile(filepath.Join(dir, "qemu"+suffix+".cmdline"), []byte(shellQuote(cmd.Args)+"\n"), 0o644)
+	_ = os.WriteFile(filepath.Join(dir, "qemu"+suffix+".cmdline"), []byte(launch.ShellQuote(cmd.Args)+"\n"), 0o644)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -745,15 +654,18 @@ func startVM(t *testing.T, dir string, cfg vmConfig) *vm {
 	if len(cfg.Trace) > 0 {
 		v.tracePath = filepath.Join(dir, "qemu-trace"+suffix+".log")
 	}
-	v.process = startProcess(t, cmd)
+	if v.Process, err = launch.Start(cmd); err != nil {
+		t.Fatalf("start %s: %v", cmd.Path, err)
+	}
+	t.Cleanup(v.Kill)
 	go v.readConsole(stdout, cf)
 	v.timeout = cfg.Timeout
 	go func() {
 		select {
-		case <-v.exited:
+		case <-v.Done():
 		case <-time.After(cfg.Timeout):
 			v.timedOut.Store(true)
-			v.kill()
+			v.Kill()
 		}
 	}()
 	return v
@@ -781,7 +693,7 @@ func (v *vm) diedBooting(timeout time.Duration) bool {
 		if countMatches(lines, reBoot) > 0 {
 			return false
 		}
-		if countMatches(lines, reBootCrash) > 0 || !v.running() {
+		if countMatches(lines, reBootCrash) > 0 || !v.Running() {
 			if countMatches(lines, reBootCrash) == 0 {
 				return false
 			}
@@ -804,8 +716,8 @@ func (v *vm) diedBooting(timeout time.Duration) bool {
 // daemon's.
 func discardBoot(t *testing.T, dir string, v *vm, d *daemon) {
 	t.Logf("booting the guest again with a fresh daemon")
-	v.kill()
-	d.kill()
+	v.Kill()
+	d.Kill()
 	for _, name := range []string{"console.log", "daemon.log"} {
 		old := filepath.Join(dir, name)
 		if err := os.Rename(old, strings.TrimSuffix(old, ".log")+"-crashed.log"); err != nil {
@@ -898,7 +810,7 @@ func (v *vm) waitConsole(re *regexp.Regexp, n int, timeout time.Duration) string
 				}
 			}
 		}
-		if !v.running() {
+		if !v.Running() {
 			if v.timedOut.Load() {
 				v.t.Fatalf("QEMU killed after %v waiting for console line #%d matching %q\n%s", v.timeout, n, re, lastLines(v.consoleLines(), 25))
 			}
@@ -907,7 +819,7 @@ func (v *vm) waitConsole(re *regexp.Regexp, n int, timeout time.Duration) string
 			if c := countMatches(v.consoleLines(), re); c >= n {
 				continue
 			}
-			v.t.Fatalf("QEMU exited (%v) before console line #%d matching %q\n%s", v.waitErr, n, re, lastLines(v.consoleLines(), 25))
+			v.t.Fatalf("QEMU exited (%v) before console line #%d matching %q\n%s", v.Err(), n, re, lastLines(v.consoleLines(), 25))
 		}
 		if time.Now().After(deadline) {
 			v.t.Fatalf("no console line #%d matching %q within %v\n%s", n, re, timeout, lastLines(v.consoleLines(), 25))
@@ -943,14 +855,14 @@ func (v *vm) quit() {
 // exit status 0.
 func (v *vm) waitExit() {
 	v.t.Helper()
-	<-v.exited
+	<-v.Done()
 	// Let the console reader finish.
 	time.Sleep(50 * time.Millisecond)
 	if v.timedOut.Load() {
 		v.t.Fatalf("QEMU still running after %v: killed (hung guest or daemon?)\n%s", v.timeout, lastLines(v.consoleLines(), 25))
 	}
-	if c := v.exitCode(); c != 0 {
-		v.t.Fatalf("QEMU exit status %d (%v)\n%s", c, v.waitErr, lastLines(v.consoleLines(), 25))
+	if c := v.Status().Code; c != 0 {
+		v.t.Fatalf("QEMU exit status %d (%v)\n%s", c, v.Err(), lastLines(v.consoleLines(), 25))
 	}
 }
 
@@ -1095,7 +1007,7 @@ func (v *vm) qmpExec(cmd string, args any) json.RawMessage {
 // qmpQuit ends QEMU with the QMP quit command.
 func (v *vm) qmpQuit() {
 	v.t.Helper()
-	if _, err := v.qmpTry("quit", nil); err != nil && v.running() {
+	if _, err := v.qmpTry("quit", nil); err != nil && v.Running() {
 		v.t.Fatalf("%s: %v", v.label(), err)
 	}
 }
@@ -1489,7 +1401,7 @@ func (c *guestConsole) waitConsole(re *regexp.Regexp, n int, timeout time.Durati
 				}
 			}
 		}
-		if !v.running() {
+		if !v.Running() {
 			time.Sleep(100 * time.Millisecond) // let the reader drain
 			if countMatches(c.lines(), re) >= n {
 				continue
@@ -1498,7 +1410,7 @@ func (c *guestConsole) waitConsole(re *regexp.Regexp, n int, timeout time.Durati
 				continue
 			}
 			c.t.Fatalf("%s exited (%v; timed out: %v) before console line #%d matching %q\n%s",
-				v.label(), v.waitErr, v.timedOut.Load(), n, re, lastLines(c.lines(), 25))
+				v.label(), v.Err(), v.timedOut.Load(), n, re, lastLines(c.lines(), 25))
 		}
 		if time.Now().After(deadline) {
 			c.t.Fatalf("no console line #%d matching %q within %v\n%s", n, re, timeout, lastLines(c.lines(), 25))
@@ -1604,19 +1516,4 @@ func tail(path string, n int) string {
 		return err.Error()
 	}
 	return lastLines(strings.Split(strings.TrimRight(string(data), "\n"), "\n"), n)
-}
-
-func shellQuote(args []string) string {
-	q := make([]string, len(args))
-	for i, a := range args {
-		if a != "" && strings.IndexFunc(a, func(r rune) bool {
-			return !(r == '-' || r == '_' || r == '.' || r == '/' || r == '=' || r == ',' || r == ':' || r == '+' ||
-				(r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9'))
-		}) < 0 {
-			q[i] = a
-		} else {
-			q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
-		}
-	}
-	return strings.Join(q, " ")
 }

@@ -244,8 +244,8 @@ func (m *migEnv) startHop(extra ...string) *migHop {
 	h.v = startVM(t, m.dir, cfg)
 	if i == 0 && h.v.diedBooting(h.v.timeout) {
 		t.Logf("booting the guest again with a fresh daemon")
-		h.v.kill()
-		h.d.kill()
+		h.v.Kill()
+		h.d.Kill()
 		for _, p := range []string{h.v.consolePath, daemonLog} {
 			if err := os.Rename(p, strings.TrimSuffix(p, ".log")+"-crashed.log"); err != nil {
 				t.Logf("keep the crashed boot's log: %v", err)
@@ -318,7 +318,7 @@ func (m *migEnv) requireStatus(info migrationInfo, want string) {
 func (m *migEnv) daemonTails() string {
 	var b strings.Builder
 	for _, h := range m.hops {
-		data, err := os.ReadFile(h.d.logPath)
+		data, err := os.ReadFile(h.d.LogPath)
 		if err != nil {
 			fmt.Fprintf(&b, "%s daemon: %v\n", h.name, err)
 			continue
@@ -329,7 +329,7 @@ func (m *migEnv) daemonTails() string {
 				keep = append(keep, l)
 			}
 		}
-		fmt.Fprintf(&b, "%s daemon (%s) %s:\n%s\n", h.name, h.kind, h.d.logPath, lastLines(keep, 12))
+		fmt.Fprintf(&b, "%s daemon (%s) %s:\n%s\n", h.name, h.kind, h.d.LogPath, lastLines(keep, 12))
 	}
 	return b.String()
 }
@@ -351,12 +351,12 @@ func (m *migEnv) quitSource(h *migHop) {
 func (m *migEnv) daemonExit(h *migHop, require0 bool) {
 	t := m.t
 	t.Helper()
-	if !h.d.wait(daemonExitTimeout) {
-		t.Fatalf("%s daemon (%s) still running %v after its QEMU exited\n%s", h.name, h.kind, daemonExitTimeout, tail(h.d.logPath, 20))
+	if !h.d.Wait(daemonExitTimeout) {
+		t.Fatalf("%s daemon (%s) still running %v after its QEMU exited\n%s", h.name, h.kind, daemonExitTimeout, tail(h.d.LogPath, 20))
 	}
-	t.Logf("%s daemon (%s) exited with status %d", h.name, h.kind, h.d.exitCode())
-	if require0 && h.d.exitCode() != 0 {
-		t.Errorf("%s daemon (%s) exit status %d (%v), want 0\n%s", h.name, h.kind, h.d.exitCode(), h.d.waitErr, tail(h.d.logPath, 20))
+	t.Logf("%s daemon (%s) exited with status %d", h.name, h.kind, h.d.Status().Code)
+	if require0 && h.d.Status().Code != 0 {
+		t.Errorf("%s daemon (%s) exit status %d (%v), want 0\n%s", h.name, h.kind, h.d.Status().Code, h.d.Err(), tail(h.d.LogPath, 20))
 	}
 }
 
@@ -364,11 +364,11 @@ func (m *migEnv) daemonExit(h *migHop, require0 bool) {
 // QEMU exits by itself (its load failed), and then its daemon.
 func (m *migEnv) failedDestination(h *migHop) {
 	m.t.Helper()
-	if !h.v.wait(30 * time.Second) {
+	if !h.v.Wait(30 * time.Second) {
 		m.t.Errorf("%s: QEMU still running 30s after the migration failed", h.name)
-		h.v.kill()
+		h.v.Kill()
 	}
-	m.t.Logf("%s: QEMU exited with status %d after the failed migration (%s)", h.name, h.v.exitCode(),
+	m.t.Logf("%s: QEMU exited with status %d after the failed migration (%s)", h.name, h.v.Status().Code,
 		strings.TrimPrefix(lastLines(grepLines(h.v.consoleLines(), "qemu-system"), 3), "  | "))
 	m.daemonExit(h, false)
 }

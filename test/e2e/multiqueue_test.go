@@ -120,7 +120,7 @@ func runMultiqueueFio(t *testing.T, k guestKernel, ph mqPhase) {
 	e.daemonExit(v, true)
 	g := parseConsole(v.consoleLines())
 	t.Logf("%s, %s, %d request queue(s), packed=%s, fio numjobs=%d, daemon --log-level %s: QEMU ran %.1fs (E2E-BOOT at %v, mounted at %v)",
-		k.Version, cfg.QEMU, queues, onOff(ph.packed), jobs, ph.logLevel, v.exitTime.Sub(v.started).Seconds(), v.markerTimes(reBoot), v.markerTimes(reMounted))
+		k.Version, cfg.QEMU, queues, onOff(ph.packed), jobs, ph.logLevel, v.ExitTime().Sub(v.started).Seconds(), v.markerTimes(reBoot), v.markerTimes(reMounted))
 	if ph.packed {
 		requirePacked(t, v.consoleLines(), 1)
 	}
@@ -378,7 +378,7 @@ func irqDeltas(lines []string) (map[string]int64, []string) {
 // warnLines returns the daemon's WARN and ERROR lines.
 func warnLines(t *testing.T, d *daemon) []string {
 	t.Helper()
-	data, err := os.ReadFile(d.logPath)
+	data, err := os.ReadFile(d.LogPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,7 +395,7 @@ func warnLines(t *testing.T, d *daemon) []string {
 // it logged ("ring stopped" at debug level).
 func ringStopBases(t *testing.T, d *daemon) map[int]int {
 	t.Helper()
-	data, err := os.ReadFile(d.logPath)
+	data, err := os.ReadFile(d.LogPath)
 	if err != nil {
 		t.Fatal(err)
 	}

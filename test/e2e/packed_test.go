@@ -330,7 +330,7 @@ func scenarioMigratePacked(m *migEnv) {
 func ringStartBases(t *testing.T, d *daemon) map[int]int {
 	t.Helper()
 	out := map[int]int{}
-	for _, l := range strings.Split(readFile(t, d.logPath), "\n") {
+	for _, l := range strings.Split(readFile(t, d.LogPath), "\n") {
 		kv := parseLogfmt(l)
 		if kv["msg"] != "ring started" {
 			continue

@@ -26,6 +26,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/govirtiofsd/govirtiofsd/test/launch"
 )
 
 // intendedDifference is a result the two daemons are expected to give
@@ -122,7 +124,7 @@ func sideBySideKernels(t *testing.T) []guestKernel {
 
 func requireReference(t *testing.T) {
 	t.Helper()
-	if _, err := os.Stat(referenceDaemon); err != nil {
+	if _, err := os.Stat(launch.ReferenceBin); err != nil {
 		t.Fatalf("reference daemon: %v (make deps installs qemu-system-common)", err)
 	}
 }
@@ -190,7 +192,7 @@ func runPosix(t *testing.T, kind daemonKind, k guestKernel, base vmConfig) *posi
 		}
 	}
 	t.Logf("%s on %s (%s, %s): QEMU ran %.1fs (test %.1fs), %d results, %d guest mismatches; logs in %s",
-		kind, k.Version, cfg.QEMU, ringLayout(lines), v.exitTime.Sub(v.started).Seconds(), time.Since(start).Seconds(),
+		kind, k.Version, cfg.QEMU, ringLayout(lines), v.ExitTime().Sub(v.started).Seconds(), time.Since(start).Seconds(),
 		len(r.results), len(r.mismatch), e.dir)
 	return r
 }

@@ -67,7 +67,7 @@ func TestQEMU10Boot(t *testing.T) {
 	e.daemonExit(v, true)
 	g := parseConsole(v.consoleLines())
 	t.Logf("%s under QEMU 10: %d boot(s); since QEMU start: E2E-BOOT at %v, mounted at %v; QEMU ran %.1fs",
-		k.Version, g.Boots, v.markerTimes(reBoot), v.markerTimes(reMounted), v.exitTime.Sub(v.started).Seconds())
+		k.Version, g.Boots, v.markerTimes(reBoot), v.markerTimes(reMounted), v.ExitTime().Sub(v.started).Seconds())
 	for _, s := range g.Steps {
 		t.Logf("  boot %d step %-8s rc=%d", s.Boot, s.Name, s.RC)
 	}

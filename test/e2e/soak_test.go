@@ -388,7 +388,7 @@ func TestSoak(t *testing.T) {
 		},
 	})
 	t.Logf("soak: %v on %s, %d request queue(s), our daemon pid %d; samples every %v in %s",
-		dur, k.Version, queues, e.d.cmd.Process.Pid, interval, filepath.Join(e.dir, "soak-samples.csv"))
+		dur, k.Version, queues, e.d.Pid(), interval, filepath.Join(e.dir, "soak-samples.csv"))
 
 	// Sample until QEMU exits: periodically, and whenever the guest asks.
 	var (
@@ -401,7 +401,7 @@ func TestSoak(t *testing.T) {
 	)
 	take := func(kind string, iters int) {
 		s := soakSample{Kind: kind, At: time.Since(v.started), Iters: iters}
-		sampleProcs(&s, bench.ProcessTree(e.d.cmd.Process.Pid)) // a sandboxed daemon is a supervisor and its child
+		sampleProcs(&s, bench.ProcessTree(e.d.Pid())) // a sandboxed daemon is a supervisor and its child
 		page, err := scrape(client, &s)
 		if err != nil {
 			t.Logf("%s sample at %v: %v", kind, s.At.Round(time.Second), err)
@@ -411,14 +411,14 @@ func TestSoak(t *testing.T) {
 		samples = append(samples, s)
 		fmt.Fprintln(csv, s.csv())
 	}
-	for v.running() {
-		if !e.d.running() {
+	for v.Running() {
+		if !e.d.Running() {
 			// At the end the daemon sees the disconnect before QEMU is
 			// reaped; otherwise it died under the guest.
-			if v.wait(daemonExitTimeout) {
+			if v.Wait(daemonExitTimeout) {
 				break
 			}
-			t.Fatalf("daemon exited (%v) while the guest was running\n%s", e.d.waitErr, tail(e.d.logPath, 30))
+			t.Fatalf("daemon exited (%v) while the guest was running\n%s", e.d.Err(), tail(e.d.LogPath, 30))
 		}
 		lines := v.consoleLines()
 		iters := countMatches(lines, reSoakIter)

@@ -1176,13 +1176,6 @@ func TestCVE2020_35517(t *testing.T) {
 
 // ---- CVE-2022-0358 ----
 
-// escStartCred is startDaemon with the daemon process started with the
-// given credentials (e.g. extra supplementary groups).
-func escStartCred(t *testing.T, cred *syscall.Credential, extra ...string) *daemon {
-	t.Helper()
-	return startDaemonCred(t, cred, extra...)
-}
-
 // escProcGroups returns the Groups: line of /proc/PID/status.
 func escProcGroups(t *testing.T, pid int) string {
 	t.Helper()
@@ -1207,7 +1200,7 @@ func escProcGroups(t *testing.T, pid int) string {
 // group 4242 keeps the bit (the kernel's rule, showing the test can see it).
 func TestCVE2022_0358(t *testing.T) {
 	const group = 4242
-	d := escStartCred(t, &syscall.Credential{Uid: 0, Gid: 0, Groups: []uint32{group}})
+	d := startDaemonCred(t, &syscall.Credential{Uid: 0, Gid: 0, Groups: []uint32{group}})
 	e := escMount(t, d)
 	if g := escProcGroups(t, d.pid()); g != "" {
 		t.Errorf("daemon's supplementary groups: %q, want none", g)

@@ -8,9 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/govirtiofsd/govirtiofsd/test/launch"
 	"github.com/govirtiofsd/govirtiofsd/test/vmm"
 )
 
@@ -75,10 +74,7 @@ func buildAndRun(m *testing.M) (int, error) {
 	defer os.RemoveAll(tmp)
 	testTmp = tmp
 	if bin := os.Getenv("GOVIRTIOFSD_INTEGRATION_BIN"); bin != "" {
-		if daemonBin, err = filepath.Abs(bin); err != nil {
-			return 0, err
-		}
-		if _, err := os.Stat(daemonBin); err != nil {
+		if daemonBin, err = launch.Existing(bin); err != nil {
 			return 0, fmt.Errorf("GOVIRTIOFSD_INTEGRATION_BIN: %w", err)
 		}
 		exitTimeout = time.Second
@@ -94,27 +90,21 @@ func buildAndRun(m *testing.M) (int, error) {
 		return m.Run(), nil
 	}
 	daemonBin = filepath.Join(tmp, "govirtiofsd")
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	cmd := exec.Command(goTool, "build", "-race", "-o", daemonBin, "./cmd/govirtiofsd")
-	cmd.Dir = filepath.Join("..", "..")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return 0, fmt.Errorf("building the daemon: %v\n%s", err, out)
+	if err := (launch.Build{Race: true, Repo: repoTop, Out: daemonBin}).Run(); err != nil {
+		return 0, err
 	}
 	return m.Run(), nil
 }
 
+// repoTop is the repository's top directory, from this package's.
+var repoTop = filepath.Join("..", "..")
+
 // daemon is one govirtiofsd process serving one connection.
 type daemon struct {
-	t       *testing.T
-	sock    string
-	dir     string // the shared directory
-	logPath string
-	cmd     *exec.Cmd
-	done    chan struct{}
-	waitErr error
+	*launch.Process
+	t    *testing.T
+	sock string
+	dir  string // the shared directory
 
 	// allowExit1 accepts exit status 1 (a stream the daemon had to give
 	// up on) as well as 0.
@@ -168,8 +158,7 @@ func startDaemonWith(t *testing.T, spec daemonSpec, extra ...string) *daemon {
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
 	tmp := t.TempDir()
-	d := &daemon{t: t, sock: filepath.Join(sockDir, "vhost.sock"), dir: filepath.Join(tmp, "share"),
-		logPath: filepath.Join(tmp, "daemon.log"), done: make(chan struct{})}
+	d := &daemon{t: t, sock: filepath.Join(sockDir, "vhost.sock"), dir: filepath.Join(tmp, "share")}
 	if spec.share != "" {
 		d.dir = spec.share
 	} else if err := os.Mkdir(d.dir, 0o755); err != nil {
@@ -187,30 +176,16 @@ func startDaemonWith(t *testing.T, spec daemonSpec, extra ...string) *daemon {
 			}
 		}
 	}
-	logf, err := os.Create(d.logPath)
+	args := append(append([]string{"--log-level", "debug"}, sandboxArgs()...), extra...)
+	p, err := launch.Spec{Bin: bin, Args: launch.Line{Kind: launch.Ours, Socket: d.sock, Share: d.dir, Extra: args}.Args(),
+		// Keep the race runtime's exit pause short: the daemon must be
+		// gone within exitTimeout.
+		Env:  append([]string{"GORACE=" + strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=100")}, spec.env...),
+		Cred: spec.cred, Files: spec.files, Log: filepath.Join(tmp, "daemon.log")}.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{"--socket-path", d.sock, "--shared-dir", d.dir, "--log-level", "debug"}, sandboxArgs()...)
-	d.cmd = exec.Command(bin, append(args, extra...)...)
-	d.cmd.Stdout, d.cmd.Stderr = logf, logf
-	// Keep the race runtime's exit pause short: the daemon must be gone
-	// within exitTimeout.
-	d.cmd.Env = append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=100"))
-	d.cmd.Env = append(d.cmd.Env, spec.env...)
-	d.cmd.ExtraFiles = spec.files
-	if spec.cred != nil {
-		d.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: spec.cred}
-	}
-	if err := d.cmd.Start(); err != nil {
-		logf.Close()
-		t.Fatal(err)
-	}
-	logf.Close()
-	go func() {
-		d.waitErr = d.cmd.Wait()
-		close(d.done)
-	}()
+	d.Process = p
 	t.Cleanup(d.finish)
 	return d
 }
@@ -221,7 +196,7 @@ func startDaemonWith(t *testing.T, spec daemonSpec, extra ...string) *daemon {
 // A child is listed in the children file of the thread that forked it,
 // any of the supervisor's threads: all of them are read.
 func (d *daemon) pid() int {
-	p := d.cmd.Process.Pid
+	p := d.Pid()
 	files, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", p))
 	var kids []string
 	for _, f := range files {
@@ -241,23 +216,13 @@ func (d *daemon) pid() int {
 // daemonPath is how the serving process names the host path p of the
 // share in its fd links: relative to the share in a namespace sandbox.
 func (d *daemon) daemonPath(p string) string {
-	if d.pid() == d.cmd.Process.Pid || sandboxMode != "namespace" {
+	if d.pid() == d.Pid() || sandboxMode != "namespace" {
 		return p
 	}
 	if p == d.dir {
 		return "/"
 	}
 	return strings.TrimPrefix(p, d.dir)
-}
-
-// exited reports whether the daemon has exited.
-func (d *daemon) exited() bool {
-	select {
-	case <-d.done:
-		return true
-	default:
-		return false
-	}
 }
 
 // connect starts a device on the daemon (the QEMU 7.2 start-up flow). The
@@ -334,27 +299,16 @@ func (d *daemon) checkExit(since time.Time) {
 	}
 	d.finished = true
 	d.mu.Unlock()
-	select {
-	case <-d.done:
-	case <-time.After(exitTimeout - time.Since(since)):
+	if !d.Wait(exitTimeout - time.Since(since)) {
 		d.t.Errorf("daemon still running %v after the front end disconnected", exitTimeout)
-		select {
-		case <-d.done:
-		case <-time.After(10 * time.Second):
-			d.cmd.Process.Signal(syscall.SIGQUIT) // goroutine dump into the log
-			select {
-			case <-d.done:
-			case <-time.After(5 * time.Second):
-				d.cmd.Process.Kill()
-				<-d.done
-			}
-		}
+		// SIGQUIT: a goroutine dump into the log.
+		d.Stop(10*time.Second, launch.Step{Signal: syscall.SIGQUIT, Wait: 5 * time.Second})
 	}
-	code := d.cmd.ProcessState.ExitCode()
-	log := d.log()
+	code := d.Status().Code
+	log := d.Log()
 	if d.expectSIGSYS {
 		if code != 128+int(syscall.SIGSYS) || !strings.Contains(log, "killed by signal SIGSYS") {
-			d.t.Errorf("daemon exited with %v, want a seccomp kill (status %d and the supervisor's report)", d.waitErr, 128+int(syscall.SIGSYS))
+			d.t.Errorf("daemon exited with %v, want a seccomp kill (status %d and the supervisor's report)", d.Err(), 128+int(syscall.SIGSYS))
 		}
 		return
 	}
@@ -364,7 +318,7 @@ func (d *daemon) checkExit(since time.Time) {
 	case code == 66:
 		d.t.Errorf("daemon exited with status 66: data race")
 	default:
-		d.t.Errorf("daemon exited with %v", d.waitErr)
+		d.t.Errorf("daemon exited with %v", d.Err())
 	}
 	for _, bad := range []string{"WARNING: DATA RACE", "panic:", "fatal error:", "SIGBUS", "SIGSEGV", "SIGSYS", "killed by signal"} {
 		if strings.Contains(log, bad) {
@@ -378,9 +332,9 @@ func (d *daemon) finish() {
 	d.disconnect()
 	switch {
 	case os.Getenv("GOVIRTIOFSD_TEST_LOG") != "":
-		d.t.Logf("daemon log:\n%s", d.log())
+		d.t.Logf("daemon log:\n%s", d.Log())
 	case d.t.Failed():
-		d.t.Logf("daemon log (last lines of %s):\n%s", d.logPath, d.tail(80))
+		d.t.Logf("daemon log (last lines of %s):\n%s", d.LogPath, d.Tail(80))
 		if kept, err := d.keepLog(); err != nil {
 			d.t.Logf("cannot keep the whole daemon log: %v", err)
 		} else {
@@ -403,28 +357,13 @@ func (d *daemon) keepLog() (string, error) {
 	}
 	name := strings.NewReplacer("/", "_", " ", "_").Replace(d.t.Name()) + "-" + time.Now().Format("20060102-150405.000") + ".log"
 	path := filepath.Join(dir, name)
-	return path, os.WriteFile(path, []byte(d.log()), 0o644)
-}
-
-// log returns the daemon's whole stderr so far.
-func (d *daemon) log() string {
-	b, _ := os.ReadFile(d.logPath)
-	return string(b)
-}
-
-// tail returns the last n lines of the log.
-func (d *daemon) tail(n int) string {
-	lines := strings.Split(strings.TrimRight(d.log(), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return path, os.WriteFile(path, []byte(d.Log()), 0o644)
 }
 
 // logCount counts log lines containing s.
 func (d *daemon) logCount(s string) int {
 	n := 0
-	sc := bufio.NewScanner(strings.NewReader(d.log()))
+	sc := bufio.NewScanner(strings.NewReader(d.Log()))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		if strings.Contains(sc.Text(), s) {
@@ -447,8 +386,8 @@ func (d *daemon) fdCount() int {
 // alive fails the test if the daemon has exited.
 func (d *daemon) alive() {
 	d.t.Helper()
-	if d.exited() {
-		d.t.Fatalf("daemon exited unexpectedly: %v", d.waitErr)
+	if !d.Running() {
+		d.t.Fatalf("daemon exited unexpectedly: %v", d.Err())
 	}
 }
 

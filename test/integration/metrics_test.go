@@ -126,10 +126,8 @@ func TestMetrics(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.done:
-	case <-time.After(exitTimeout):
+	d.Signal(syscall.SIGTERM)
+	if !d.Wait(exitTimeout) {
 		t.Fatal("daemon did not exit on SIGTERM")
 	}
 	if _, err := net.Dial("unix", msock); err == nil {

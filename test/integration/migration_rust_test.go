@@ -118,7 +118,7 @@ func TestMigrationFromRustState(t *testing.T) {
 		os.Chmod(filepath.Join(share, "g"), 0o770) // past the umask
 	})
 	if d.logCount("FUSE session rebuilt for a Rust virtiofsd state") != 1 {
-		t.Errorf("no log line of the rebuilt session\n%s", d.tail(20))
+		t.Errorf("no log line of the rebuilt session\n%s", d.Tail(20))
 	}
 	g := c.lookup(vmm.RootID, "g").NodeID
 	mkdir := func(group bool) error {

@@ -366,7 +366,7 @@ func waitLog(t *testing.T, d *daemon, s string) {
 	deadline := time.Now().Add(opTimeout)
 	for d.logCount(s) == 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("no %q in the daemon log after %v\n%s", s, opTimeout, d.tail(20))
+			t.Fatalf("no %q in the daemon log after %v\n%s", s, opTimeout, d.Tail(20))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -301,7 +301,7 @@ func TestOlderPeers(t *testing.T) {
 			}
 			c.roundTrip(d, "after-reset", pattern(3, 70000))
 			noViolations(t, dev)
-			if strings.Contains(d.log(), "level=ERROR") {
+			if strings.Contains(d.Log(), "level=ERROR") {
 				t.Errorf("daemon logged an error")
 			}
 		})

@@ -32,6 +32,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/govirtiofsd/govirtiofsd/test/launch"
 	"github.com/govirtiofsd/govirtiofsd/test/vmm"
 )
 
@@ -133,7 +134,7 @@ func TestSandboxConfinement(t *testing.T) {
 			c := newFS(t, dev, 1)
 			c.mount()
 			c.roundTrip(d, "f", pattern(1, 8192))
-			sup, pid := d.cmd.Process.Pid, d.pid()
+			sup, pid := d.Pid(), d.pid()
 			if tc.name == "none" {
 				if pid != sup {
 					t.Fatalf("--sandbox none: the daemon %d has a child %d", sup, pid)
@@ -199,18 +200,8 @@ var sandboxtest struct {
 func sandboxtestBinary(t *testing.T) string {
 	t.Helper()
 	sandboxtest.once.Do(func() {
-		goTool, err := exec.LookPath("go")
-		if err != nil {
-			goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
-		}
 		sandboxtest.bin = filepath.Join(testTmp, "govirtiofsd-sandboxtest")
-		cmd := exec.Command(goTool, "build", "-trimpath", "-tags", "netgo,osusergo,sandboxtest",
-			"-ldflags", "-linkmode external -extldflags -static", "-o", sandboxtest.bin, "./cmd/govirtiofsd")
-		cmd.Dir = filepath.Join("..", "..")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			sandboxtest.err = fmt.Errorf("building the sandboxtest daemon: %v\n%s", err, out)
-		}
+		sandboxtest.err = launch.Build{Static: true, Tags: []string{"sandboxtest"}, Repo: repoTop, Out: sandboxtest.bin}.Run()
 	})
 	if sandboxtest.err != nil {
 		t.Fatal(sandboxtest.err)
@@ -265,16 +256,14 @@ func TestSandboxSeccomp(t *testing.T) {
 	t.Run("kill", func(t *testing.T) {
 		d := startDaemonWith(t, daemonSpec{bin: bin, env: hook})
 		d.expectSIGSYS = true
-		select {
-		case <-d.done:
-		case <-time.After(opTimeout):
+		if !d.Wait(opTimeout) {
 			t.Fatalf("daemon still running %v after calling sysinfo under --seccomp kill", opTimeout)
 		}
 		// The supervisor names the killed daemon: the kernel logged
 		// which call did it.
-		m := regexp.MustCompile(`killed by signal SIGSYS.* pid=(\d+)`).FindStringSubmatch(d.log())
+		m := regexp.MustCompile(`killed by signal SIGSYS.* pid=(\d+)`).FindStringSubmatch(d.Log())
 		if m == nil {
-			t.Fatalf("no report of the kill in the log:\n%s", d.tail(5))
+			t.Fatalf("no report of the kill in the log:\n%s", d.Tail(5))
 		}
 		pid, _ := strconv.Atoi(m[1])
 		lines, ok := auditLines(pid)
@@ -295,20 +284,15 @@ func TestSandboxSeccomp(t *testing.T) {
 		if err := os.Mkdir(share, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(bin, "--socket-path", filepath.Join(dir, "sock"), "--shared-dir", share, "--seccomp", "trap")
-		cmd.Env = append(os.Environ(), hook...)
-		done := make(chan struct{})
-		time.AfterFunc(opTimeout, func() {
-			select {
-			case <-done:
-			default:
-				cmd.Process.Kill()
-			}
-		})
-		out, _ := cmd.CombinedOutput()
-		close(done)
-		if code := cmd.ProcessState.ExitCode(); code != 2 || !bytes.Contains(out, []byte("SIGSYS: bad system call")) ||
-			!bytes.Contains(out, []byte(fmt.Sprintf("syscall.RawSyscall(%#x,", sysinfo))) {
+		p, err := launch.Spec{Bin: bin, Env: hook, Log: filepath.Join(dir, "log"),
+			Args: launch.Line{Kind: launch.Ours, Socket: filepath.Join(dir, "sock"), Share: share, Extra: []string{"--seccomp", "trap"}}.Args()}.Start()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Stop(opTimeout)
+		out := p.Log()
+		if code := p.Status().Code; code != 2 || !strings.Contains(out, "SIGSYS: bad system call") ||
+			!strings.Contains(out, fmt.Sprintf("syscall.RawSyscall(%#x,", sysinfo)) {
 			t.Errorf("--seccomp trap: status %d, want 2 and a traceback of syscall %d:\n%s", code, sysinfo, out)
 		}
 	})
@@ -438,7 +422,7 @@ func TestSandboxUnprivileged(t *testing.T) {
 			t.Errorf("a directory guest uid 1000 made is %d:%d on the host, want %d:%d", u, g, want, want)
 		}
 		pid := d.pid()
-		if pid == d.cmd.Process.Pid {
+		if pid == d.Pid() {
 			t.Fatal("no sandboxed child")
 		}
 		checkThreads(t, pid, keptCaps)
@@ -477,15 +461,13 @@ func TestSandboxUnprivileged(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			d := startDaemonWith(t, daemonSpec{cred: cred}, tc.args...)
 			d.allowExit1 = true
-			select {
-			case <-d.done:
-			case <-time.After(opTimeout):
+			if !d.Wait(opTimeout) {
 				t.Fatal("daemon still running")
 			}
-			if code := d.cmd.ProcessState.ExitCode(); code != 1 {
+			if code := d.Status().Code; code != 1 {
 				t.Errorf("exit status %d, want 1", code)
 			}
-			lines := strings.Split(strings.TrimSpace(d.log()), "\n")
+			lines := strings.Split(strings.TrimSpace(d.Log()), "\n")
 			if len(lines) != 1 || !strings.HasPrefix(lines[0], tc.want) {
 				t.Errorf("output %q, want one line starting %q", lines, tc.want)
 			}
@@ -514,7 +496,7 @@ func TestSocketLifetime(t *testing.T) {
 	if err := os.Mkdir(share, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{"--socket-path", sock, "--shared-dir", share}, sandboxArgs()...)
+	args := launch.Line{Kind: launch.Ours, Socket: sock, Share: share, Extra: sandboxArgs()}.Args()
 	out, err := exec.Command(daemonBin, args...).CombinedOutput()
 	if err == nil {
 		t.Fatalf("the daemon started on a path holding a regular file:\n%s", out)
@@ -552,39 +534,26 @@ func TestStopAsSoonAsTheSocketExists(t *testing.T) {
 				if err := os.Mkdir(share, 0o755); err != nil {
 					t.Fatal(err)
 				}
-				cmd := exec.Command(daemonBin, "--socket-path", sock, "--shared-dir", share,
-					"--sandbox", mode, "--seccomp", seccomp, "--log-level", "debug")
-				var out bytes.Buffer
-				cmd.Stdout, cmd.Stderr = &out, &out
-				if err := cmd.Start(); err != nil {
+				p, err := launch.Spec{Bin: daemonBin, Log: filepath.Join(dir, "log"), Args: launch.Line{Kind: launch.Ours, Socket: sock, Share: share,
+					Extra: []string{"--sandbox", mode, "--seccomp", seccomp, "--log-level", "debug"}}.Args()}.Start()
+				if err != nil {
 					t.Fatal(err)
 				}
-				done := make(chan error, 1)
-				go func() { done <- cmd.Wait() }()
-				for deadline := time.Now().Add(opTimeout); ; {
-					if _, err := os.Lstat(sock); err == nil {
-						break
-					}
-					if time.Now().After(deadline) {
-						cmd.Process.Kill()
-						<-done
-						t.Fatalf("run %d: %s did not appear:\n%s", i, sock, out.String())
-					}
+				if err := p.WaitCreated(sock, opTimeout); err != nil {
+					p.Kill()
+					t.Fatalf("run %d: %v", i, err)
 				}
 				time.Sleep(delay)
-				cmd.Process.Signal(sig)
-				select {
-				case err := <-done:
-					if err != nil {
-						t.Errorf("run %d: %v %v after the socket appeared: %v, want exit 0\n%s", i, sig, delay, err, out.String())
-					}
-				case <-time.After(opTimeout):
-					cmd.Process.Kill()
-					<-done
-					t.Fatalf("run %d: %v %v after the socket appeared: still running\n%s", i, sig, delay, out.String())
+				p.Signal(sig)
+				if !p.Wait(opTimeout) {
+					p.Kill()
+					t.Fatalf("run %d: %v %v after the socket appeared: still running\n%s", i, sig, delay, p.Log())
 				}
-				if strings.Contains(out.String(), "did not stop") {
-					t.Errorf("run %d: %v %v after the socket appeared: the supervisor had to kill the daemon\n%s", i, sig, delay, out.String())
+				if err := p.Err(); err != nil {
+					t.Errorf("run %d: %v %v after the socket appeared: %v, want exit 0\n%s", i, sig, delay, err, p.Log())
+				}
+				if strings.Contains(p.Log(), "did not stop") {
+					t.Errorf("run %d: %v %v after the socket appeared: the supervisor had to kill the daemon\n%s", i, sig, delay, p.Log())
 				}
 				for _, p := range []string{sock, sock + ".pid"} {
 					if _, err := os.Lstat(p); !os.IsNotExist(err) {

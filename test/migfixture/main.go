@@ -30,13 +30,13 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/govirtiofsd/govirtiofsd/test/launch"
 	"github.com/govirtiofsd/govirtiofsd/test/vmm"
 )
 
@@ -161,31 +161,12 @@ var extraArgs = map[string][]string{}
 
 // daemon is a running back end on a fresh share.
 type daemon struct {
-	cmd   *exec.Cmd
+	*launch.Process
 	sock  string
 	share string
-	logf  string
 }
 
-func (d *daemon) stop() {
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { d.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		d.cmd.Process.Kill()
-		<-done
-	}
-}
-
-func (d *daemon) logTail() string {
-	b, _ := os.ReadFile(d.logf)
-	if len(b) > 3000 {
-		b = b[len(b)-3000:]
-	}
-	return string(b)
-}
+func (d *daemon) stop() { d.Stop(0, launch.Step{Signal: syscall.SIGTERM, Wait: 5 * time.Second}) }
 
 // start starts bin on share, or on a new share with the tree when share is
 // "".
@@ -200,34 +181,22 @@ func start(work, name, bin, share string) (*daemon, error) {
 			return nil, err
 		}
 	}
-	d := &daemon{sock: filepath.Join(dir, "sock"), share: share, logf: filepath.Join(dir, "log")}
-	lf, err := os.Create(d.logf)
-	if err != nil {
-		return nil, err
-	}
-	defer lf.Close()
-	args := []string{"--socket-path", d.sock, "--shared-dir", share, "--sandbox", "none", "--seccomp", "none"}
+	d := &daemon{sock: filepath.Join(dir, "sock"), share: share}
+	line := launch.Line{Kind: launch.Ours, Socket: d.sock, Share: share, Extra: []string{"--sandbox", "none", "--seccomp", "none"}}
 	if strings.Contains(name, "rust") {
-		args = append(args, "--log-level", "debug")
-		args = append(args, extraArgs["rust-1.13"]...)
+		line.Kind, line.Extra = launch.Rust, append(line.Extra, "--log-level", "debug")
+		line.Extra = append(line.Extra, extraArgs["rust-1.13"]...)
 	} else {
-		args = append(args, extraArgs["govirtiofsd"]...)
+		line.Extra = append(line.Extra, extraArgs["govirtiofsd"]...)
 	}
-	d.cmd = exec.Command(bin, args...)
-	d.cmd.Stdout, d.cmd.Stderr = lf, lf
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := d.cmd.Start(); err != nil {
+	if d.Process, err = (launch.Spec{Bin: bin, Args: line.Args(), Group: true, Log: filepath.Join(dir, "log")}).Start(); err != nil {
 		return nil, err
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if st, err := os.Stat(d.sock); err == nil && st.Mode()&os.ModeSocket != 0 {
-			return d, nil
-		}
-		if time.Now().After(deadline) {
-			d.stop()
-			return nil, fmt.Errorf("no socket: %s", d.logTail())
-		}
+	if err := d.WaitSocket(d.sock, 10*time.Second); err != nil {
+		d.stop()
+		return nil, err
 	}
+	return d, nil
 }
 
 func makeTree(share string) error {
@@ -274,7 +243,7 @@ func capture(work, name, bin string) ([]byte, *Fixture, string, error) {
 func session(d *daemon, name string) ([]byte, *Fixture, error) {
 	dev, err := vmm.Start(d.sock, opts())
 	if err != nil {
-		return nil, nil, fmt.Errorf("start: %w (%s)", err, d.logTail())
+		return nil, nil, fmt.Errorf("start: %w (%s)", err, d.Tail(40))
 	}
 	defer dev.Close()
 	s := vmm.NewSession(dev, 1)
@@ -345,7 +314,7 @@ func session(d *daemon, name string) ([]byte, *Fixture, error) {
 	}
 	st, err := dev.SaveState()
 	if err != nil {
-		return nil, nil, fmt.Errorf("save: %w (%s)", err, d.logTail())
+		return nil, nil, fmt.Errorf("save: %w (%s)", err, d.Tail(40))
 	}
 	return st, fx, nil
 }
@@ -371,7 +340,7 @@ func crossLoad(work, name, bin, share string, state []byte, fx *Fixture) error {
 		return err
 	}
 	if err := dev.LoadState(state); err != nil {
-		return fmt.Errorf("load: %w (%s)", err, d.logTail())
+		return fmt.Errorf("load: %w (%s)", err, d.Tail(40))
 	}
 	if err := dev.StartRings(); err != nil {
 		return err
@@ -417,7 +386,7 @@ func crossLoad(work, name, bin, share string, state []byte, fx *Fixture) error {
 		}
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("%w\n%s", errors.Join(errs...), d.logTail())
+		return fmt.Errorf("%w\n%s", errors.Join(errs...), d.Tail(40))
 	}
 	return nil
 }

@@ -5,39 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
-)
 
-const referenceDaemon = "/usr/lib/qemu/virtiofsd"
+	"github.com/govirtiofsd/govirtiofsd/test/launch"
+)
 
 // daemon is a reference virtiofsd serving one connection.
 type daemon struct {
+	*launch.Process
 	sock, dir string
-	cmd       *exec.Cmd
-	log       *syncBuffer
-	done      chan error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startReference runs the C virtiofsd on a fresh shared directory holding
@@ -47,35 +26,27 @@ func startReference(t *testing.T, extra ...string) *daemon {
 	if os.Geteuid() != 0 {
 		t.Skip("the reference virtiofsd needs root")
 	}
-	if _, err := os.Stat(referenceDaemon); err != nil {
+	if _, err := os.Stat(launch.ReferenceBin); err != nil {
 		t.Skip("no reference virtiofsd:", err)
 	}
 	tmp := t.TempDir()
-	d := &daemon{sock: filepath.Join(tmp, "vhost.sock"), dir: filepath.Join(tmp, "share"),
-		log: &syncBuffer{}, done: make(chan error, 1)}
+	d := &daemon{sock: filepath.Join(tmp, "vhost.sock"), dir: filepath.Join(tmp, "share")}
 	if err := os.Mkdir(d.dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(d.dir, "file.txt"), []byte("hello, virtio-fs\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{"--socket-path=" + d.sock, "-o", "source=" + d.dir, "-o", "cache=none",
-		"-o", "sandbox=chroot", "-d"}, extra...)
-	d.cmd = exec.Command(referenceDaemon, args...)
-	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
-	if err := d.cmd.Start(); err != nil {
+	line := launch.Line{Kind: launch.Reference, Socket: d.sock, Share: d.dir, Cache: "never", Extra: append([]string{"-o", "sandbox=chroot", "-d"}, extra...)}
+	p, err := launch.Spec{Bin: launch.ReferenceBin, Args: line.Args(), Log: filepath.Join(tmp, "daemon.log")}.Start()
+	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { d.done <- d.cmd.Wait() }()
+	d.Process = p
 	t.Cleanup(func() {
-		select {
-		case <-d.done:
-		case <-time.After(5 * time.Second):
-			d.cmd.Process.Kill()
-			<-d.done
-		}
+		d.Stop(5 * time.Second)
 		if t.Failed() || testing.Verbose() {
-			t.Logf("reference daemon log:\n%s", d.log.String())
+			t.Logf("reference daemon log:\n%s", d.Log())
 		}
 	})
 	return d
@@ -84,14 +55,10 @@ func startReference(t *testing.T, extra ...string) *daemon {
 // waitExit waits for the daemon to exit on its own.
 func (d *daemon) waitExit(t *testing.T, timeout time.Duration) error {
 	t.Helper()
-	select {
-	case err := <-d.done:
-		d.done <- err
-		return err
-	case <-time.After(timeout):
+	if !d.Wait(timeout) {
 		t.Fatalf("reference daemon still running after %v", timeout)
-		return nil
 	}
+	return d.Err()
 }
 
 func startDevice(t *testing.T, d *daemon, opts Options) *Device {
@@ -622,9 +589,8 @@ func TestMalformedReference(t *testing.T) {
 				returned = c.Done()
 			}
 			select {
-			case err := <-d.done:
-				d.done <- err
-				t.Logf("reference daemon exited: %v", err)
+			case <-d.Done():
+				t.Logf("reference daemon exited: %v", d.Err())
 			case <-returned:
 				t.Logf("reference daemon accepted %v: chain returned with used len %d", kind, c.UsedLen())
 			case <-time.After(2 * time.Second):
