@@ -34,8 +34,10 @@ var allowed = map[string][]string{
 // allowedInTests adds what a package's tests may import beyond allowed:
 // passthrough's external test proves it satisfies fuse.FileSystem without
 // the package importing fuse; the vhost-user tests drive the back end with
-// the independent front end of test/vmm.
+// the independent front end of test/vmm; the command's tests start the
+// daemon as the other test packages do (test/launch).
 var allowedInTests = map[string][]string{
+	"cmd/govirtiofsd":      {"test/launch", "test/vmm"},
 	"internal/passthrough": {"internal/fuse", "internal/passthrough"},
 	"internal/vhostuser":   {"test/vmm"},
 }
