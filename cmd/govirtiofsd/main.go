@@ -131,7 +131,7 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 	if err != nil {
 		return err
 	}
-	slog.SetDefault(log) // the packages' own lines (passthrough) go where ours go
+	slog.SetDefault(log) // a package handed no logger logs where ours go
 	child := os.Getenv(envDaemonChild) == "1"
 	if first && o.Daemonize && !child {
 		// The --daemonize parent only waits for the daemon to be
@@ -261,7 +261,7 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 	if workers < 0 {
 		workers = vhostuser.DefaultWorkers()
 	}
-	fsys, err := newFileSystem(o, in)
+	fsys, err := newFileSystem(o, in, log)
 	if err != nil {
 		return err
 	}
@@ -482,7 +482,7 @@ func newLogger(level string, conn net.Conn) (*slog.Logger, error) {
 // newFileSystem builds the passthrough file system on the sandbox's view of
 // the shared directory and prepares the process for it: supplementary
 // groups dropped (CVE-2022-0358).
-func newFileSystem(o *Options, in *sandbox.Inside) (*passthrough.FS, error) {
+func newFileSystem(o *Options, in *sandbox.Inside, log *slog.Logger) (*passthrough.FS, error) {
 	cache, err := passthrough.ParseCacheMode(o.Cache)
 	if err != nil {
 		return nil, err
@@ -535,7 +535,7 @@ func newFileSystem(o *Options, in *sandbox.Inside) (*passthrough.FS, error) {
 	if err := passthrough.DropSupplementaryGroups(); err != nil {
 		return nil, err
 	}
-	return passthrough.New(in.Root(), popts)
+	return passthrough.New(in.Root(), popts, log)
 }
 
 // setNofile applies --rlimit-nofile before the sandbox drops

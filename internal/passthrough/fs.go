@@ -223,7 +223,8 @@ func (m MigrationMode) String() string {
 	return "find-paths"
 }
 
-// MigrationOptions configure live migration (migrate.go).
+// MigrationOptions configure live migration (collect.go, save.go,
+// load.go).
 type MigrationOptions struct {
 	// Mode: see MigrationMode (source side).
 	Mode MigrationMode
@@ -256,6 +257,7 @@ const invalidUIDGID = ^uint32(0)
 type FS struct {
 	opts Options
 	ids  *idMaps // nil unless an id translation was given
+	log  *slog.Logger
 
 	procSelfFD int // O_PATH fd of /proc/self/fd
 	root       *inode
@@ -297,8 +299,14 @@ type FS struct {
 	handleFDs atomic.Int64
 }
 
-// New opens root (O_PATH) and returns a file system serving it.
-func New(root string, opts Options) (*FS, error) {
+// New opens root (O_PATH) and returns a file system serving it. log (not
+// nil) receives what the file system has to say: a feature unusable here,
+// a credential switch that failed, a migration's progress and what it
+// could not carry.
+func New(root string, opts Options, log *slog.Logger) (*FS, error) {
+	if log == nil {
+		return nil, fmt.Errorf("passthrough: no logger")
+	}
 	if opts.PosixACL && !opts.Xattr {
 		return nil, fmt.Errorf("posix ACLs need xattr support")
 	}
@@ -307,7 +315,7 @@ func New(root string, opts Options) (*FS, error) {
 		// confirm and nothing to verify.
 		return nil, fmt.Errorf("migration path confirmation and handle verification apply to find-paths mode only")
 	}
-	f := &FS{opts: opts, procSelfFD: -1}
+	f := &FS{opts: opts, log: log, procSelfFD: -1}
 	xm, err := parseXattrMap(opts.XattrMap)
 	if err != nil {
 		return nil, err
@@ -385,7 +393,7 @@ func New(root string, opts Options) (*FS, error) {
 			unix.Close(proc)
 			return nil, fmt.Errorf("inode file handles are mandatory but unusable: %w", err)
 		default:
-			slog.Warn("passthrough: inode file handles unusable, using O_PATH fds", "err", err)
+			f.log.Warn("passthrough: inode file handles unusable, using O_PATH fds", "err", err)
 		}
 	}
 	f.root.refs.Store(1)

@@ -37,7 +37,7 @@ func newIOFixture(tb testing.TB, size int) *ioFixture {
 	if err := os.WriteFile(filepath.Join(dir, "f"), make([]byte, size), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	f, err := New(dir, Options{Cache: CacheNever})
+	f, err := New(dir, Options{Cache: CacheNever}, testLog)
 	if err != nil {
 		tb.Fatal(err)
 	}
