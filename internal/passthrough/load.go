@@ -79,16 +79,7 @@ func (f *FS) LoadState(r io.Reader, restore func(session []byte, mounted bool, n
 // negotiatedCaps is the negotiated options as the capabilities that turn
 // them on.
 func negotiatedCaps(o migstate.Negotiated) uint64 {
-	var c uint64
-	if o.Writeback {
-		c |= gofuse.CAP_WRITEBACK_CACHE
-	}
-	if o.AnnounceSubmounts {
-		c |= gofuse.CAP_SUBMOUNTS
-	}
-	if o.PosixACL {
-		c |= gofuse.CAP_POSIX_ACL | gofuse.CAP_DONT_MASK | gofuse.CAP_SETXATTR_EXT
-	}
+	c := optionCaps(o.Writeback, o.PosixACL, o.AnnounceSubmounts)
 	if o.SuppGroups {
 		c |= gofuse.CAP_CREATE_SUPP_GROUP
 	}
