@@ -11,17 +11,29 @@ import (
 	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
 )
 
+// writableDir returns directory node, held, for a request that changes
+// it: EROFS on a read-only share.
+func (f *FS) writableDir(node uint64) (iref, syscall.Errno) {
+	if f.opts.ReadOnly {
+		return iref{}, syscall.EROFS
+	}
+	return f.getDir(node)
+}
+
+// dirToChange is writableDir for a request that makes or removes entry
+// name, which it checks first.
+func (f *FS) dirToChange(node uint64, name []byte) (iref, syscall.Errno) {
+	if errno := checkName(name); errno != 0 {
+		return iref{}, errno
+	}
+	return f.writableDir(node)
+}
+
 // createEntry runs mk (the creating *at call on dir) with the caller's
 // credentials, then looks the new name up, filling out.
 func (f *FS) createEntry(h *gofuse.InHeader, group, umask uint32, name []byte, out *gofuse.EntryOut,
 	mk func(dirfd int, name *byte) syscall.Errno) syscall.Errno {
-	if errno := checkName(name); errno != 0 {
-		return errno
-	}
-	if f.opts.ReadOnly {
-		return syscall.EROFS
-	}
-	dir, errno := f.getDir(h.NodeId)
+	dir, errno := f.dirToChange(h.NodeId, name)
 	if errno != 0 {
 		return errno
 	}
@@ -65,13 +77,7 @@ func (f *FS) Symlink(h *gofuse.InHeader, group uint32, target, name []byte, out 
 }
 
 func (f *FS) removeName(h *gofuse.InHeader, name []byte, flags int) syscall.Errno {
-	if errno := checkName(name); errno != 0 {
-		return errno
-	}
-	if f.opts.ReadOnly {
-		return syscall.EROFS
-	}
-	dir, errno := f.getDir(h.NodeId)
+	dir, errno := f.dirToChange(h.NodeId, name)
 	if errno != 0 {
 		return errno
 	}
@@ -101,10 +107,7 @@ func (f *FS) Rename(h *gofuse.InHeader, newDir uint64, flags uint32, oldName, ne
 	if flags&^(unix.RENAME_NOREPLACE|unix.RENAME_EXCHANGE|unix.RENAME_WHITEOUT) != 0 {
 		return syscall.EINVAL
 	}
-	if f.opts.ReadOnly {
-		return syscall.EROFS
-	}
-	od, errno := f.getDir(h.NodeId)
+	od, errno := f.writableDir(h.NodeId)
 	if errno != 0 {
 		return errno
 	}
@@ -178,12 +181,22 @@ func (f *FS) OpenDir(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno {
 		i.put()
 		return errno
 	}
+	return f.openOut(i, fd, handleDir, unix.O_RDONLY, out)
+}
+
+// openOut registers fd, opened from i, as a handle of kind and fills out
+// (OPEN, OPENDIR, CREATE). It takes over fd and i's use reference.
+func (f *FS) openOut(i iref, fd int, kind handleKind, flags int, out *gofuse.OpenOut) syscall.Errno {
 	i.closePath()
-	h, errno := f.newHandle(i.inode, fd, handleDir, unix.O_RDONLY)
+	h, errno := f.newHandle(i.inode, fd, kind, flags)
 	if errno != 0 {
 		return errno
 	}
-	*out = gofuse.OpenOut{Fh: h.id, OpenFlags: f.dirOpenFlags()}
+	fl := f.fileOpenFlags()
+	if kind == handleDir {
+		fl = f.dirOpenFlags()
+	}
+	*out = gofuse.OpenOut{Fh: h.id, OpenFlags: fl}
 	return 0
 }
 
