@@ -956,18 +956,14 @@ func TestMigrateEMFILE(t *testing.T) {
 func helperMigrateEMFILE(t *testing.T) {
 	src := newTestFS(t, Options{})
 	const files = 300
+	src.writeFiles(files)
 	for k := range files {
-		os.WriteFile(src.path(fmt.Sprint(k)), []byte("x"), 0o644)
 		src.open(src.lookup(rootID, fmt.Sprint(k)).NodeId, unix.O_RDONLY)
 	}
 	b := save(t, src.FS)
 	dst := newDest(t, src, Options{Migration: MigrationOptions{OnError: MigrationGuestError}})
-	var rl unix.Rlimit
-	unix.Getrlimit(unix.RLIMIT_NOFILE, &rl)
+	rl := limitFDs(t, 100)
 	before := openFDs(t)
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(before + 100), Max: rl.Max}); err != nil {
-		t.Fatal(err)
-	}
 	err := dst.LoadState(bytes.NewReader(b), restoreCaps(src.caps.Load()))
 	if err == nil || !strings.Contains(err.Error(), "too many open files") {
 		t.Fatalf("LoadState out of fds: %v", err)
