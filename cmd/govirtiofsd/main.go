@@ -137,7 +137,7 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 	}
 	defer h.close()
 
-	fileSystem, err := newFileSystem(o, in)
+	fileSystem, err := newFileSystem(o, in, d.log)
 	if err != nil {
 		return err
 	}
@@ -217,7 +217,7 @@ func (d *daemon) startLogging() error {
 		return err
 	}
 	d.log = log
-	slog.SetDefault(log) // the packages' own lines (passthrough) go where ours go
+	slog.SetDefault(log) // a package handed no logger logs where ours go
 	return nil
 }
 
@@ -478,7 +478,7 @@ func newLogger(level string, conn net.Conn) (*slog.Logger, error) {
 // newFileSystem builds the passthrough file system on the sandbox's view of
 // the shared directory and prepares the process for it: supplementary
 // groups dropped (CVE-2022-0358).
-func newFileSystem(o *Options, in *sandbox.Inside) (*passthrough.FS, error) {
+func newFileSystem(o *Options, in *sandbox.Inside, log *slog.Logger) (*passthrough.FS, error) {
 	cache, err := passthrough.ParseCacheMode(o.Cache)
 	if err != nil {
 		return nil, err
@@ -531,7 +531,7 @@ func newFileSystem(o *Options, in *sandbox.Inside) (*passthrough.FS, error) {
 	if err := passthrough.DropSupplementaryGroups(); err != nil {
 		return nil, err
 	}
-	return passthrough.New(in.Root(), popts)
+	return passthrough.New(in.Root(), popts, log)
 }
 
 // setNofile applies --rlimit-nofile before the sandbox drops

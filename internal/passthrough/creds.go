@@ -1,7 +1,6 @@
 package passthrough
 
 import (
-	"log/slog"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -92,7 +91,7 @@ func (p *credPool) worker() {
 	// Never unlocked: the thread's fs_struct is private.
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		if !p.shared.Swap(true) {
-			slog.Warn("passthrough: unshare(CLONE_FS) failed; creation requests are serialised and umask is process-wide", "err", err)
+			p.f.log.Warn("passthrough: unshare(CLONE_FS) failed; creation requests are serialised and umask is process-wide", "err", err)
 		}
 	} else {
 		unix.Umask(0)
@@ -138,8 +137,8 @@ func (p *credPool) do(j *credJob) bool {
 		if errno == 0 {
 			errno = j.fn()
 		}
-		restoreOK = restoreCreds(prevUID, prevGID)
-		if grouped && !dropGroups() {
+		restoreOK = p.restoreCreds(prevUID, prevGID)
+		if grouped && !p.dropGroups() {
 			restoreOK = false
 		}
 	} else {
@@ -173,7 +172,7 @@ const noGroup = ^uint32(0)
 func (p *credPool) setGroup(g uint32) bool {
 	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 1, uintptr(unsafe.Pointer(&g)), 0); e != 0 {
 		if !p.groupWarned.Swap(true) {
-			slog.Warn("passthrough: cannot set a supplementary group for a creation request; creating without it", "err", e)
+			p.f.log.Warn("passthrough: cannot set a supplementary group for a creation request; creating without it", "err", e)
 		}
 		return false
 	}
@@ -181,15 +180,16 @@ func (p *credPool) setGroup(g uint32) bool {
 }
 
 // dropGroups clears this thread's supplementary groups again.
-func dropGroups() bool {
+func (p *credPool) dropGroups() bool {
 	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 0, 0, 0); e != 0 {
-		slog.Error("passthrough: could not drop a supplementary group; retiring the thread", "err", e)
+		p.f.log.Error("passthrough: could not drop a supplementary group; retiring the thread", "err", e)
 		return false
 	}
 	return true
 }
 
-func restoreCreds(prevUID, prevGID int) bool {
+// restoreCreds gives this thread the daemon's fsuid/fsgid back.
+func (p *credPool) restoreCreds(prevUID, prevGID int) bool {
 	ok := true
 	if prevUID >= 0 {
 		unix.SetfsuidRetUid(prevUID)
@@ -204,7 +204,7 @@ func restoreCreds(prevUID, prevGID int) bool {
 		}
 	}
 	if !ok {
-		slog.Error("passthrough: could not restore fsuid/fsgid; retiring the thread")
+		p.f.log.Error("passthrough: could not restore fsuid/fsgid; retiring the thread")
 	}
 	return ok
 }

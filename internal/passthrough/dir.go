@@ -11,17 +11,29 @@ import (
 	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
 )
 
+// writableDir returns directory node, held, for a request that changes
+// it: EROFS on a read-only share.
+func (f *FS) writableDir(node uint64) (iref, syscall.Errno) {
+	if f.opts.ReadOnly {
+		return iref{}, syscall.EROFS
+	}
+	return f.getDir(node)
+}
+
+// dirToChange is writableDir for a request that makes or removes entry
+// name, which it checks first.
+func (f *FS) dirToChange(node uint64, name []byte) (iref, syscall.Errno) {
+	if errno := checkName(name); errno != 0 {
+		return iref{}, errno
+	}
+	return f.writableDir(node)
+}
+
 // createEntry runs mk (the creating *at call on dir) with the caller's
 // credentials, then looks the new name up, filling out.
 func (f *FS) createEntry(h *gofuse.InHeader, group, umask uint32, name []byte, out *gofuse.EntryOut,
 	mk func(dirfd int, name *byte) syscall.Errno) syscall.Errno {
-	if errno := checkName(name); errno != 0 {
-		return errno
-	}
-	if f.opts.ReadOnly {
-		return syscall.EROFS
-	}
-	dir, errno := f.getDir(h.NodeId)
+	dir, errno := f.dirToChange(h.NodeId, name)
 	if errno != 0 {
 		return errno
 	}
@@ -65,13 +77,7 @@ func (f *FS) Symlink(h *gofuse.InHeader, group uint32, target, name []byte, out 
 }
 
 func (f *FS) removeName(h *gofuse.InHeader, name []byte, flags int) syscall.Errno {
-	if errno := checkName(name); errno != 0 {
-		return errno
-	}
-	if f.opts.ReadOnly {
-		return syscall.EROFS
-	}
-	dir, errno := f.getDir(h.NodeId)
+	dir, errno := f.dirToChange(h.NodeId, name)
 	if errno != 0 {
 		return errno
 	}
@@ -101,10 +107,7 @@ func (f *FS) Rename(h *gofuse.InHeader, newDir uint64, flags uint32, oldName, ne
 	if flags&^(unix.RENAME_NOREPLACE|unix.RENAME_EXCHANGE|unix.RENAME_WHITEOUT) != 0 {
 		return syscall.EINVAL
 	}
-	if f.opts.ReadOnly {
-		return syscall.EROFS
-	}
-	od, errno := f.getDir(h.NodeId)
+	od, errno := f.writableDir(h.NodeId)
 	if errno != 0 {
 		return errno
 	}
@@ -178,12 +181,22 @@ func (f *FS) OpenDir(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno {
 		i.put()
 		return errno
 	}
+	return f.openOut(i, fd, handleDir, unix.O_RDONLY, out)
+}
+
+// openOut registers fd, opened from i, as a handle of kind and fills out
+// (OPEN, OPENDIR, CREATE). It takes over fd and i's use reference.
+func (f *FS) openOut(i iref, fd int, kind handleKind, flags int, out *gofuse.OpenOut) syscall.Errno {
 	i.closePath()
-	h, errno := f.newHandle(i.inode, fd, handleDir, unix.O_RDONLY)
+	h, errno := f.newHandle(i.inode, fd, kind, flags)
 	if errno != 0 {
 		return errno
 	}
-	*out = gofuse.OpenOut{Fh: h.id, OpenFlags: f.dirOpenFlags()}
+	fl := f.fileOpenFlags()
+	if kind == handleDir {
+		fl = f.dirOpenFlags()
+	}
+	*out = gofuse.OpenOut{Fh: h.id, OpenFlags: fl}
 	return 0
 }
 
@@ -269,42 +282,67 @@ func (f *FS) ReadDir(in *gofuse.ReadIn, plus bool, emit func(name []byte, ino ui
 			d.pos, d.end = 0, n
 		}
 		rec := d.buf[d.pos:d.end]
-		if len(rec) < 19 {
+		ent, ok := parseDirent(rec)
+		if !ok {
 			d.pos = d.end // corrupt; refill
 			continue
 		}
-		ino := binary.LittleEndian.Uint64(rec[0:])
-		off := binary.LittleEndian.Uint64(rec[8:])
-		reclen := int(binary.LittleEndian.Uint16(rec[16:]))
-		if reclen < 19 || reclen > len(rec) {
-			d.pos = d.end
+		typ := uint32(ent.typ) << 12
+		if len(ent.name) == 0 {
+			d.pos += ent.reclen
+			d.next = ent.off
 			continue
 		}
-		typ := uint32(rec[18]) << 12
-		nameb := rec[19:reclen]
-		if n := bytes.IndexByte(nameb, 0); n >= 0 {
-			nameb = nameb[:n]
-		}
-		if len(nameb) == 0 {
-			d.pos += reclen
-			d.next = off
-			continue
-		}
-		eo, ok := emit(nameb, ino, typ, off)
+		eo, ok := emit(ent.name, ent.ino, typ, ent.off)
 		if !ok {
 			return 0
 		}
 		emitted = true
 		if plus && eo != nil {
-			if isDotOrDotDot(nameb) || f.plusLookup(h, &rec[19], eo) != 0 {
+			if isDotOrDotDot(ent.name) || f.plusLookup(h, &rec[direntNameOff], eo) != 0 {
 				*eo = gofuse.EntryOut{}
-				eo.Ino = ino
+				eo.Ino = ent.ino
 				eo.Mode = typ
 			}
 		}
-		d.pos += reclen
-		d.next = off
+		d.pos += ent.reclen
+		d.next = ent.off
 	}
+}
+
+// dirent64 is one record of a getdents64 buffer (struct linux_dirent64).
+type dirent64 struct {
+	ino    uint64
+	off    uint64 // the d_off cookie of the next entry
+	typ    uint8  // DT_*
+	name   []byte // up to its NUL
+	reclen int
+}
+
+// direntNameOff is where a linux_dirent64's NUL-terminated name starts.
+const direntNameOff = 19
+
+// parseDirent parses the record at the start of buf: false when buf is
+// too short for one or the record's length does not fit (corrupt).
+func parseDirent(buf []byte) (dirent64, bool) {
+	if len(buf) < direntNameOff {
+		return dirent64{}, false
+	}
+	reclen := int(binary.LittleEndian.Uint16(buf[16:]))
+	if reclen < direntNameOff || reclen > len(buf) {
+		return dirent64{}, false
+	}
+	name := buf[direntNameOff:reclen]
+	if n := bytes.IndexByte(name, 0); n >= 0 {
+		name = name[:n]
+	}
+	return dirent64{
+		ino:    binary.LittleEndian.Uint64(buf),
+		off:    binary.LittleEndian.Uint64(buf[8:]),
+		typ:    buf[18],
+		name:   name,
+		reclen: reclen,
+	}, true
 }
 
 // plusLookup looks up a READDIRPLUS entry by its NUL-terminated name in the

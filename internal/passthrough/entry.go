@@ -215,22 +215,36 @@ func (f *FS) GetAttr(in *gofuse.GetAttrIn, out *gofuse.AttrOut) syscall.Errno {
 		return errno
 	}
 	defer i.put()
-	var st syscall.Stat_t
-	if in.Flags()&gofuse.FUSE_GETATTR_FH != 0 {
-		h, herr := f.handleOf(in.Fh(), i.inode)
-		switch {
-		case herr != 0:
-			return herr
-		case h != nil:
-			errno = sysFstat(h.fd, &st)
-			h.put()
-		default:
-			errno = sysFstat(i.fd, &st)
-		}
-	} else {
-		errno = sysFstat(i.fd, &st)
-	}
+	fd, h, errno := f.statFD(i, in.Flags()&gofuse.FUSE_GETATTR_FH != 0, in.Fh())
 	if errno != 0 {
+		return errno
+	}
+	if h != nil {
+		defer h.put()
+	}
+	return f.statOut(fd, out)
+}
+
+// statFD is the fd GETATTR and STATX read: with FUSE_GETATTR_FH (withFH)
+// that of handle fh when it is one of i's, else i's own. The handle it
+// returns, if any, is held for the caller to put.
+func (f *FS) statFD(i iref, withFH bool, fh uint64) (int, *handle, syscall.Errno) {
+	if withFH {
+		h, errno := f.handleOf(fh, i.inode)
+		if errno != 0 {
+			return -1, nil, errno
+		}
+		if h != nil {
+			return h.fd, h, 0
+		}
+	}
+	return i.fd, nil, 0
+}
+
+// statOut fills out with the attributes of fd's object (GETATTR, SETATTR).
+func (f *FS) statOut(fd int, out *gofuse.AttrOut) syscall.Errno {
+	var st syscall.Stat_t
+	if errno := sysFstat(fd, &st); errno != 0 {
 		return errno
 	}
 	f.fillAttrOut(out, &st)
@@ -324,114 +338,121 @@ func (f *FS) SetAttr(in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
 		}
 	}
 	if valid&gofuse.FATTR_MODE != 0 {
-		mode := in.Mode & 0o7777
-		switch {
-		case hfd >= 0:
-			errno = sysFchmod(hfd, mode)
-		case i.isSymlink():
-			errno = syscall.EOPNOTSUPP // Linux cannot chmod a symlink
-		default:
-			var b fdName
-			errno = sysFchmodat(f.procSelfFD, procName(&b, i.fd), mode)
-		}
-		if errno != 0 {
+		if errno = f.setMode(i, hfd, in.Mode&0o7777); errno != 0 {
 			return errno
 		}
 	}
 	if valid&(gofuse.FATTR_UID|gofuse.FATTR_GID) != 0 {
-		uid, gid := -1, -1
-		if valid&gofuse.FATTR_UID != 0 {
-			uid = int(in.Uid)
-			if f.ids != nil {
-				h, ok := f.ids.uid.ToHost(in.Uid)
-				if !ok {
-					return syscall.EPERM
-				}
-				uid = int(h)
-			}
-		}
-		if valid&gofuse.FATTR_GID != 0 {
-			gid = int(in.Gid)
-			if f.ids != nil {
-				h, ok := f.ids.gid.ToHost(in.Gid)
-				if !ok {
-					return syscall.EPERM
-				}
-				gid = int(h)
-			}
-		}
-		if errno = sysFchownat(i.fd, &emptyPath[0], uid, gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW); errno != 0 {
+		if errno = f.setOwner(i, in); errno != 0 {
 			return errno
 		}
 	}
 	if valid&gofuse.FATTR_SIZE != 0 {
-		size := int64(in.Size)
-		if size < 0 {
-			return syscall.EINVAL
-		}
-		if hfd >= 0 {
-			errno = sysFtruncate(hfd, size)
-		} else {
-			if i.isDir() {
-				return syscall.EISDIR
-			}
-			if !i.isReg() {
-				return syscall.EINVAL
-			}
-			fd, e := f.reopen(i, unix.O_WRONLY)
-			if e != 0 {
-				return e
-			}
-			errno = sysFtruncate(fd, size)
-			sysClose(fd)
-		}
-		if errno != 0 {
+		if errno = f.setSize(i, hfd, int64(in.Size)); errno != 0 {
 			return errno
 		}
 	}
 	if valid&(gofuse.FATTR_ATIME|gofuse.FATTR_MTIME) != 0 {
-		var ts [2]unix.Timespec
-		ts[0] = unix.Timespec{Nsec: unix.UTIME_OMIT}
-		ts[1] = unix.Timespec{Nsec: unix.UTIME_OMIT}
-		if valid&gofuse.FATTR_ATIME != 0 {
-			if valid&gofuse.FATTR_ATIME_NOW != 0 {
-				ts[0].Nsec = unix.UTIME_NOW
-			} else {
-				ts[0] = unix.Timespec{Sec: int64(in.Atime), Nsec: int64(in.Atimensec)}
-			}
-		}
-		if valid&gofuse.FATTR_MTIME != 0 {
-			if valid&gofuse.FATTR_MTIME_NOW != 0 {
-				ts[1].Nsec = unix.UTIME_NOW
-			} else {
-				ts[1] = unix.Timespec{Sec: int64(in.Mtime), Nsec: int64(in.Mtimensec)}
-			}
-		}
-		switch {
-		case hfd >= 0:
-			errno = sysUtimensat(hfd, nil, &ts, 0)
-		case i.isSymlink():
-			errno = sysUtimensat(i.fd, &emptyPath[0], &ts, unix.AT_EMPTY_PATH)
-			if errno == syscall.EINVAL {
-				errno = syscall.EPERM // no race-free way on this kernel
-			}
-		default:
-			var b fdName
-			errno = sysUtimensat(f.procSelfFD, procName(&b, i.fd), &ts, 0)
-		}
-		if errno != 0 {
+		if errno = f.setTimes(i, hfd, in); errno != 0 {
 			return errno
 		}
 	}
-	var st syscall.Stat_t
 	if hfd >= 0 {
-		errno = sysFstat(hfd, &st)
-	} else {
-		errno = sysFstat(i.fd, &st)
+		return f.statOut(hfd, out)
 	}
+	return f.statOut(i.fd, out)
+}
+
+// The steps of SETATTR: each changes i's object, through the handle's fd
+// hfd when the guest gave one (-1 otherwise).
+
+func (f *FS) setMode(i iref, hfd int, mode uint32) syscall.Errno {
+	switch {
+	case hfd >= 0:
+		return sysFchmod(hfd, mode)
+	case i.isSymlink():
+		return syscall.EOPNOTSUPP // Linux cannot chmod a symlink
+	}
+	var b fdName
+	return sysFchmodat(f.procSelfFD, procName(&b, i.fd), mode)
+}
+
+// setOwner sets the uid and gid in says are valid, as host ids
+// (--translate-uid/--translate-gid): EPERM for one a map forbids.
+func (f *FS) setOwner(i iref, in *gofuse.SetAttrIn) syscall.Errno {
+	var uids, gids *IDMap // nil: ids pass unchanged
+	if f.ids != nil {
+		uids, gids = f.ids.uid, f.ids.gid
+	}
+	uid, gid := -1, -1
+	if in.Valid&gofuse.FATTR_UID != 0 {
+		h, ok := uids.ToHost(in.Uid)
+		if !ok {
+			return syscall.EPERM
+		}
+		uid = int(h)
+	}
+	if in.Valid&gofuse.FATTR_GID != 0 {
+		h, ok := gids.ToHost(in.Gid)
+		if !ok {
+			return syscall.EPERM
+		}
+		gid = int(h)
+	}
+	return sysFchownat(i.fd, &emptyPath[0], uid, gid, unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW)
+}
+
+// setSize truncates a regular file (or the handle's file).
+func (f *FS) setSize(i iref, hfd int, size int64) syscall.Errno {
+	if size < 0 {
+		return syscall.EINVAL
+	}
+	if hfd >= 0 {
+		return sysFtruncate(hfd, size)
+	}
+	if i.isDir() {
+		return syscall.EISDIR
+	}
+	if !i.isReg() {
+		return syscall.EINVAL
+	}
+	fd, errno := f.reopen(i, unix.O_WRONLY)
 	if errno != 0 {
 		return errno
 	}
-	f.fillAttrOut(out, &st)
-	return 0
+	defer sysClose(fd)
+	return sysFtruncate(fd, size)
+}
+
+// setTimes sets the access and modification times in says are valid.
+func (f *FS) setTimes(i iref, hfd int, in *gofuse.SetAttrIn) syscall.Errno {
+	v := in.Valid
+	ts := [2]unix.Timespec{
+		utimeSpec(v&gofuse.FATTR_ATIME != 0, v&gofuse.FATTR_ATIME_NOW != 0, in.Atime, in.Atimensec),
+		utimeSpec(v&gofuse.FATTR_MTIME != 0, v&gofuse.FATTR_MTIME_NOW != 0, in.Mtime, in.Mtimensec),
+	}
+	switch {
+	case hfd >= 0:
+		return sysUtimensat(hfd, nil, &ts, 0)
+	case i.isSymlink():
+		errno := sysUtimensat(i.fd, &emptyPath[0], &ts, unix.AT_EMPTY_PATH)
+		if errno == syscall.EINVAL {
+			errno = syscall.EPERM // no race-free way on this kernel
+		}
+		return errno
+	}
+	var b fdName
+	return sysUtimensat(f.procSelfFD, procName(&b, i.fd), &ts, 0)
+}
+
+// utimeSpec is one time for utimensat: left alone unless set, the current
+// time with now, else sec and nsec.
+func utimeSpec(set, now bool, sec uint64, nsec uint32) unix.Timespec {
+	switch {
+	case !set:
+		return unix.Timespec{Nsec: unix.UTIME_OMIT}
+	case now:
+		return unix.Timespec{Nsec: unix.UTIME_NOW}
+	}
+	return unix.Timespec{Sec: int64(sec), Nsec: int64(nsec)}
 }

@@ -77,39 +77,21 @@ func (f *FS) Open(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno {
 			return errno
 		}
 	}
-	i.closePath()
-	h, errno := f.newHandle(i.inode, fd, handleFile, fl)
-	if errno != 0 {
-		return errno
-	}
-	*out = gofuse.OpenOut{Fh: h.id, OpenFlags: f.fileOpenFlags()}
-	return 0
+	return f.openOut(i, fd, handleFile, fl, out)
 }
 
 // Create creates and opens name in in.NodeId with O_CREAT|O_EXCL as the
 // caller; an existing file is opened instead (as an OPEN would) unless the
 // guest asked for O_EXCL.
 func (f *FS) Create(in *gofuse.CreateIn, group uint32, name []byte, out *gofuse.CreateOut) syscall.Errno {
-	if errno := checkName(name); errno != 0 {
-		return errno
-	}
-	if f.opts.ReadOnly {
-		return syscall.EROFS
-	}
-	dir, errno := f.getDir(in.NodeId)
+	dir, errno := f.dirToChange(in.NodeId, name)
 	if errno != 0 {
 		return errno
 	}
 	defer dir.put()
 	fl := f.hostOpenFlags(in.Flags)
 	var cn cname
-	p := cn.set(name)
-	fd := -1
-	errno = f.asCaller(in.Uid, in.Gid, group, f.umaskFor(in.Umask), func() syscall.Errno {
-		var e syscall.Errno
-		fd, e = sysOpenat(dir.fd, p, fl|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW, in.Mode&0o7777)
-		return e
-	})
+	fd, errno := f.openAsCaller(in, group, dir.fd, cn.set(name), fl|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW)
 	if errno == syscall.EEXIST && in.Flags&unix.O_EXCL == 0 {
 		return f.createOpenExisting(dir, name, fl, in.OpenFlags, out)
 	}
@@ -148,10 +130,9 @@ func (f *FS) createOpenExisting(dir iref, name []byte, fl int, openFlags uint32,
 		f.forget(i.inode, 1) // the lookup taken above
 		return errno
 	}
-	i.closePath()
-	h, errno := f.newHandle(i.inode, fd, handleFile, fl)
-	if errno != 0 {
-		f.forget(i.inode, 1)
+	ino := i.inode
+	if errno = f.openOut(i, fd, handleFile, fl, &out.OpenOut); errno != 0 {
+		f.forget(ino, 1)
 		return errno
 	}
 	if fl&unix.O_TRUNC != 0 {
@@ -161,7 +142,6 @@ func (f *FS) createOpenExisting(dir iref, name []byte, fl int, openFlags uint32,
 			f.guestAttr(&out.Attr, &st)
 		}
 	}
-	out.OpenOut = gofuse.OpenOut{Fh: h.id, OpenFlags: f.fileOpenFlags()}
 	return 0
 }
 
@@ -199,10 +179,7 @@ func (f *FS) finishCreate(fd int, fl int, dir iref, out *gofuse.CreateOut) sysca
 
 // Tmpfile creates an unnamed regular file (O_TMPFILE) in in.NodeId.
 func (f *FS) Tmpfile(in *gofuse.CreateIn, group uint32, out *gofuse.CreateOut) syscall.Errno {
-	if f.opts.ReadOnly {
-		return syscall.EROFS
-	}
-	dir, errno := f.getDir(in.NodeId)
+	dir, errno := f.writableDir(in.NodeId)
 	if errno != 0 {
 		return errno
 	}
@@ -212,16 +189,23 @@ func (f *FS) Tmpfile(in *gofuse.CreateIn, group uint32, out *gofuse.CreateOut) s
 		fl |= unix.O_RDWR // O_TMPFILE needs write access
 	}
 	fl |= int(in.Flags) & unix.O_EXCL // with O_TMPFILE: never linkable
-	fd := -1
-	errno = f.asCaller(in.Uid, in.Gid, group, f.umaskFor(in.Umask), func() syscall.Errno {
-		var e syscall.Errno
-		fd, e = sysOpenat(dir.fd, &dotPath[0], fl|unix.O_TMPFILE, in.Mode&0o7777)
-		return e
-	})
+	fd, errno := f.openAsCaller(in, group, dir.fd, &dotPath[0], fl|unix.O_TMPFILE)
 	if errno != 0 {
 		return errno
 	}
 	return f.finishCreate(fd, fl, dir, out)
+}
+
+// openAsCaller opens name in dirfd with host flags fl as in's caller (its
+// ids, supplementary group and umask), creating it with in's mode.
+func (f *FS) openAsCaller(in *gofuse.CreateIn, group uint32, dirfd int, name *byte, fl int) (int, syscall.Errno) {
+	fd := -1
+	errno := f.asCaller(in.Uid, in.Gid, group, f.umaskFor(in.Umask), func() syscall.Errno {
+		var e syscall.Errno
+		fd, e = sysOpenat(dirfd, name, fl, in.Mode&0o7777)
+		return e
+	})
+	return fd, errno
 }
 
 func (f *FS) fileHandle(fh, node uint64) (*handle, syscall.Errno) {
@@ -267,6 +251,14 @@ func (f *FS) Read(in *gofuse.ReadIn, dst *bufvec.Vec) (int, syscall.Errno) {
 	}
 	n, err := dst.ReadFrom(h.fd, int64(in.Offset), min(int(in.Size), dst.Len()), h.wait)
 	h.put()
+	return ioResult(n, err)
+}
+
+// ioResult is the answer of a READ or WRITE that did n bytes and met err:
+// the bytes done, with EFAULT at a segment not mapped into the daemon (the
+// server goes on from there through the VMM); an error only when nothing
+// was done.
+func ioResult(n int, err error) (int, syscall.Errno) {
 	if err == bufvec.ErrUnmapped {
 		return n, syscall.EFAULT
 	}
@@ -311,13 +303,7 @@ func (f *FS) Write(in *gofuse.WriteIn, src *bufvec.Vec) (int, syscall.Errno) {
 	}
 	n, err := src.WriteTo(h.fd, int64(in.Offset), int(in.Size), h.wait)
 	h.put()
-	if err == bufvec.ErrUnmapped {
-		return n, syscall.EFAULT
-	}
-	if err != nil && n == 0 {
-		return 0, ioErrno(err)
-	}
-	return n, 0
+	return ioResult(n, err)
 }
 
 // Flush is called on every close of a guest fd: drop the lock owner's

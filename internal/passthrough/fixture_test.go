@@ -10,6 +10,8 @@ import (
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/govirtiofsd/govirtiofsd/internal/passthrough/migstate"
 )
 
 // The fixtures in testdata are states two real daemons saved through the
@@ -153,16 +155,16 @@ func TestMigrationFixtures(t *testing.T) {
 	}
 }
 
-func checkRustFixture(t *testing.T, s *migState) {
+func checkRustFixture(t *testing.T, s *migstate.State) {
 	t.Helper()
-	byPath := map[string]*inodeRecord{}
+	byPath := map[string]*migstate.Inode{}
 	for k := range s.Inodes {
 		r := &s.Inodes[k]
 		byPath[r.Path] = r
 	}
 	x, y, z := byPath["x"], byPath["y"], byPath["z.txt"]
 	root := record(s, rootID)
-	if x == nil || y == nil || z == nil || root == nil || x.Loc != locPath || x.Parent != rootID || y.Parent != x.ID ||
+	if x == nil || y == nil || z == nil || root == nil || x.Loc != migstate.LocPath || x.Parent != rootID || y.Parent != x.ID ||
 		z.Parent != y.ID || x.Refcount != 1 || y.Refcount != 1 || z.Refcount != 1 || root.Refcount != 2+4 {
 		t.Fatalf("records %+v", s.Inodes)
 	}

@@ -6,7 +6,10 @@
 // mount id, held open as O_PATH fds and refcounted by the guest's lookup
 // count), the handle table of open files and directories, the validation of
 // every name and id the guest sends, the credentials used to create objects,
-// kill-priv handling, cache-mode timeouts and open flags, and locks.
+// kill-priv handling, cache-mode timeouts and open flags, locks, and the
+// live migration of all that: collecting a way to each inode, saving the
+// tables and reopening them on a destination (collect.go, save.go,
+// load.go; the state's records and stream are package migstate's).
 //
 // The rules, from DESIGN §4 and the C and Rust daemons' CVEs:
 //   - no host path strings: every object is reached from its parent's fd
@@ -39,212 +42,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// CacheMode is the guest's caching policy.
-type CacheMode int
-
-const (
-	// CacheAuto: entries and attributes valid for 1 s, page cache kept
-	// until the attributes show a change.
-	CacheAuto CacheMode = iota
-	// CacheNever: nothing cached (timeouts 0, FOPEN_DIRECT_IO).
-	CacheNever
-	// CacheMetadata: entries and attributes cached for a day, file data
-	// not cached (FOPEN_DIRECT_IO), as the Rust daemon does.
-	CacheMetadata
-	// CacheAlways: everything cached for a day (FOPEN_KEEP_CACHE,
-	// FOPEN_CACHE_DIR).
-	CacheAlways
-)
-
-// ParseCacheMode accepts the Rust daemon's names and the C daemon's
-// ("none" is never, "normal" is auto).
-func ParseCacheMode(s string) (CacheMode, error) {
-	switch s {
-	case "auto", "normal":
-		return CacheAuto, nil
-	case "never", "none":
-		return CacheNever, nil
-	case "metadata":
-		return CacheMetadata, nil
-	case "always":
-		return CacheAlways, nil
-	}
-	return 0, fmt.Errorf("unknown cache mode %q (never|metadata|auto|always)", s)
-}
-
-func (c CacheMode) String() string {
-	switch c {
-	case CacheNever:
-		return "never"
-	case CacheMetadata:
-		return "metadata"
-	case CacheAlways:
-		return "always"
-	}
-	return "auto"
-}
-
-// FileHandleMode is the Rust daemon's --inode-file-handles.
-type FileHandleMode int
-
-const (
-	FileHandlesNever FileHandleMode = iota
-	// FileHandlesPrefer holds inodes as file handles where the file
-	// system supports them and as O_PATH fds elsewhere (or everywhere
-	// when open_by_handle_at is not permitted).
-	FileHandlesPrefer
-	// FileHandlesMandatory refuses to start without file handles, and
-	// fails lookups of objects that have none.
-	FileHandlesMandatory
-)
-
-// ParseFileHandleMode parses never|prefer|mandatory.
-func ParseFileHandleMode(s string) (FileHandleMode, error) {
-	switch s {
-	case "never", "":
-		return FileHandlesNever, nil
-	case "prefer":
-		return FileHandlesPrefer, nil
-	case "mandatory":
-		return FileHandlesMandatory, nil
-	}
-	return 0, fmt.Errorf("unknown inode file handle mode %q (never|prefer|mandatory)", s)
-}
-
-// Options configures the file system. The zero value is cache=auto,
-// readdirplus on, everything else off.
-type Options struct {
-	Cache CacheMode
-	// Timeout overrides the cache mode's entry and attribute timeout
-	// when TimeoutSet (the C daemon's -o timeout=).
-	Timeout    time.Duration
-	TimeoutSet bool
-
-	Writeback     bool // FUSE_WRITEBACK_CACHE
-	Xattr         bool // extended attributes; ENOSYS without
-	PosixACL      bool // FUSE_POSIX_ACL (needs Xattr)
-	SecurityLabel bool // accepted; FUSE_SECURITY_CTX is never offered, labels arrive as SETXATTR
-	// XattrMap holds xattrmap rules in the C daemon's syntax
-	// (":type:scope:key:prepend:" ...). Empty: names pass unchanged.
-	XattrMap string
-
-	AnnounceSubmounts bool // FUSE_SUBMOUNTS and FUSE_ATTR_SUBMOUNT
-	NoReaddirplus     bool // do not offer READDIRPLUS
-	AllowDirectIO     bool // keep the guest's O_DIRECT on host opens
-	KillprivV2        bool // FUSE_HANDLE_KILLPRIV_V2
-
-	InodeFileHandles FileHandleMode
-
-	PosixLocks bool // POSIX locks (OFD locks per lock owner)
-	Flock      bool // flock(2) locks
-	// MaxLocks bounds the lock owners (one fd each) the guest can hold
-	// at once; 0 means 4096.
-	MaxLocks int
-
-	ReadOnly        bool // refuse every modification with EROFS
-	PreserveNoatime bool // keep the guest's O_NOATIME (dropped by default)
-
-	// ProcSelfFD is an fd of /proc/self/fd (O_PATH is enough) taken
-	// before a sandbox hid /proc; New duplicates it. Nil: New opens
-	// /proc/self/fd itself.
-	ProcSelfFD *os.File
-
-	// TranslateUID and TranslateGID translate ids between guest and
-	// host (--translate-uid/--translate-gid); nil: ids pass unchanged.
-	TranslateUID *IDMap
-	TranslateGID *IDMap
-
-	// Migration tunes live migration (SaveState, LoadState).
-	Migration MigrationOptions
-}
-
-// MigrationOnError is what a migration destination does with an inode it
-// cannot reopen (the Rust daemon's --migration-on-error).
-type MigrationOnError int
-
-const (
-	// MigrationAbort fails LoadState, so the migration fails and the VM
-	// stays on the source.
-	MigrationAbort MigrationOnError = iota
-	// MigrationGuestError installs the inode, and its handles, as stale:
-	// every request on them answers ESTALE; FORGET and RELEASE free them.
-	MigrationGuestError
-)
-
-// ParseMigrationOnError parses abort|guest-error.
-func ParseMigrationOnError(s string) (MigrationOnError, error) {
-	switch s {
-	case "abort", "":
-		return MigrationAbort, nil
-	case "guest-error":
-		return MigrationGuestError, nil
-	}
-	return 0, fmt.Errorf("unknown migration error policy %q (abort|guest-error)", s)
-}
-
-func (m MigrationOnError) String() string {
-	if m == MigrationGuestError {
-		return "guest-error"
-	}
-	return "abort"
-}
-
-// MigrationMode is how the inodes travel (the Rust daemon's
-// --migration-mode; source side: a destination reads either).
-type MigrationMode int
-
-const (
-	// MigrationFindPaths sends a path below the shared directory for
-	// every inode; the destination reopens it.
-	MigrationFindPaths MigrationMode = iota
-	// MigrationFileHandles sends every inode's file handle, and a path in
-	// the share for each mount they are on; the destination opens them
-	// with open_by_handle_at (CAP_DAC_READ_SEARCH). Source and destination
-	// must share the very same file system; an open file unlinked on the
-	// host migrates.
-	MigrationFileHandles
-)
-
-// ParseMigrationMode parses find-paths|file-handles.
-func ParseMigrationMode(s string) (MigrationMode, error) {
-	switch s {
-	case "find-paths", "":
-		return MigrationFindPaths, nil
-	case "file-handles":
-		return MigrationFileHandles, nil
-	}
-	return 0, fmt.Errorf("unknown migration mode %q (find-paths|file-handles)", s)
-}
-
-func (m MigrationMode) String() string {
-	if m == MigrationFileHandles {
-		return "file-handles"
-	}
-	return "find-paths"
-}
-
-// MigrationOptions configure live migration (migrate.go).
-type MigrationOptions struct {
-	// Mode: see MigrationMode (source side).
-	Mode MigrationMode
-	// OnError: see MigrationOnError (destination side).
-	OnError MigrationOnError
-	// ConfirmPaths re-checks at save every path collected when the
-	// migration started and finds it again if it no longer leads to the
-	// same object, so a host-side rename during the migration is
-	// followed (the Rust daemon's --migration-confirm-paths; source side,
-	// find-paths only).
-	ConfirmPaths bool
-	// VerifyHandles attaches each inode's file handle to its path, and a
-	// destination that opened the path compares the handle of what it
-	// opened: another object (a file replaced on the host) is unreachable
-	// there, per OnError (the Rust daemon's --migration-verify-handles;
-	// source side, find-paths only; the destination compares whenever a
-	// state carries handles). Source and destination must share the same
-	// file system.
-	VerifyHandles bool
-}
-
 // rootID is FUSE_ROOT_ID.
 const rootID = 1
 
@@ -256,6 +53,7 @@ const invalidUIDGID = ^uint32(0)
 type FS struct {
 	opts Options
 	ids  *idMaps // nil unless an id translation was given
+	log  *slog.Logger
 
 	procSelfFD int // O_PATH fd of /proc/self/fd
 	root       *inode
@@ -297,8 +95,14 @@ type FS struct {
 	handleFDs atomic.Int64
 }
 
-// New opens root (O_PATH) and returns a file system serving it.
-func New(root string, opts Options) (*FS, error) {
+// New opens root (O_PATH) and returns a file system serving it. log (not
+// nil) receives what the file system has to say: a feature unusable here,
+// a credential switch that failed, a migration's progress and what it
+// could not carry.
+func New(root string, opts Options, log *slog.Logger) (*FS, error) {
+	if log == nil {
+		return nil, fmt.Errorf("passthrough: no logger")
+	}
 	if opts.PosixACL && !opts.Xattr {
 		return nil, fmt.Errorf("posix ACLs need xattr support")
 	}
@@ -307,7 +111,7 @@ func New(root string, opts Options) (*FS, error) {
 		// confirm and nothing to verify.
 		return nil, fmt.Errorf("migration path confirmation and handle verification apply to find-paths mode only")
 	}
-	f := &FS{opts: opts, procSelfFD: -1}
+	f := &FS{opts: opts, log: log, procSelfFD: -1}
 	xm, err := parseXattrMap(opts.XattrMap)
 	if err != nil {
 		return nil, err
@@ -335,57 +139,58 @@ func New(root string, opts Options) (*FS, error) {
 		f.keys[i].m = make(map[inodeKey]*inode)
 	}
 
+	if err := f.openRoot(root); err != nil {
+		return nil, err
+	}
+	f.creds.init(f)
+	// Creation modes arrive already masked by the guest (FUSE_DONT_MASK
+	// aside, handled per thread by the credential workers): the host must
+	// not mask them again.
+	unix.Umask(0)
+	return f, nil
+}
+
+// openRoot opens /proc/self/fd and the shared directory, makes the root
+// inode (held by file handle if the options ask for it and the file
+// system gives one) and probes openat2.
+func (f *FS) openRoot(root string) (err error) {
 	var proc int
-	if opts.ProcSelfFD != nil {
-		proc, err = unix.FcntlInt(opts.ProcSelfFD.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if f.opts.ProcSelfFD != nil {
+		proc, err = unix.FcntlInt(f.opts.ProcSelfFD.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	} else {
 		proc, err = unix.Open("/proc/self/fd", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("open /proc/self/fd: %w", err)
+		return fmt.Errorf("open /proc/self/fd: %w", err)
 	}
 	f.procSelfFD = proc
 	rfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		unix.Close(proc)
-		return nil, fmt.Errorf("open shared directory: %w", err)
+		return fmt.Errorf("open shared directory: %w", err)
 	}
+	defer func() {
+		if err != nil {
+			unix.Close(rfd)
+			unix.Close(proc)
+		}
+	}()
 	var st unix.Statx_t
 	if e := sysStatx(rfd, &emptyPath[0], unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW,
 		unix.STATX_BASIC_STATS|unix.STATX_MNT_ID, &st); e != 0 {
-		unix.Close(rfd)
-		unix.Close(proc)
-		return nil, fmt.Errorf("statx shared directory: %w", e)
+		return fmt.Errorf("statx shared directory: %w", e)
 	}
-	if opts.Migration.Mode == MigrationFileHandles {
+	if f.opts.Migration.Mode == MigrationFileHandles {
 		// Refused now rather than failing the migration later.
 		if _, err := nameToHandle(rfd); err != nil {
-			unix.Close(rfd)
-			unix.Close(proc)
-			return nil, fmt.Errorf("--migration-mode file-handles: the shared directory's file system gives no file handles (name_to_handle_at: %w); use find-paths", err)
+			return fmt.Errorf("--migration-mode file-handles: the shared directory's file system gives no file handles (name_to_handle_at: %w); use find-paths", err)
 		}
 	}
 	f.inodeFDs.Add(1)
 	f.root = &inode{id: rootID, key: keyOf(&st), fd: rfd, ftype: unix.S_IFDIR, pinned: true, fs: f}
-	if opts.InodeFileHandles != FileHandlesNever {
-		h, err := probeHandles(rfd)
-		switch {
-		case err == nil:
-			f.useHandles = true
-			f.mounts = make(map[uint64]*mountFD)
-			f.root.key.handle = handleKey(h)
-			// The shared directory's mount keeps its fd for good.
-			if f.acquireMount(f.root.key.mntID, rfd) == nil {
-				unix.Close(rfd)
-				unix.Close(proc)
-				return nil, fmt.Errorf("open shared directory for file handles failed")
-			}
-		case opts.InodeFileHandles == FileHandlesMandatory:
-			unix.Close(rfd)
-			unix.Close(proc)
-			return nil, fmt.Errorf("inode file handles are mandatory but unusable: %w", err)
-		default:
-			slog.Warn("passthrough: inode file handles unusable, using O_PATH fds", "err", err)
+	if f.opts.InodeFileHandles != FileHandlesNever {
+		if err := f.useFileHandles(rfd); err != nil {
+			return err
 		}
 	}
 	f.root.refs.Store(1)
@@ -397,12 +202,28 @@ func New(root string, opts Options) (*FS, error) {
 		unix.Close(fd)
 		f.openat2.Store(true)
 	}
-	f.creds.init(f)
-	// Creation modes arrive already masked by the guest (FUSE_DONT_MASK
-	// aside, handled per thread by the credential workers): the host must
-	// not mask them again.
-	unix.Umask(0)
-	return f, nil
+	return nil
+}
+
+// useFileHandles holds inodes by file handle (--inode-file-handles) if
+// the shared directory's file system gives them; rfd is its fd.
+func (f *FS) useFileHandles(rfd int) error {
+	h, err := probeHandles(rfd)
+	switch {
+	case err == nil:
+		f.useHandles = true
+		f.mounts = make(map[uint64]*mountFD)
+		f.root.key.handle = handleKey(h)
+		// The shared directory's mount keeps its fd for good.
+		if f.acquireMount(f.root.key.mntID, rfd) == nil {
+			return fmt.Errorf("open shared directory for file handles failed")
+		}
+	case f.opts.InodeFileHandles == FileHandlesMandatory:
+		return fmt.Errorf("inode file handles are mandatory but unusable: %w", err)
+	default:
+		f.log.Warn("passthrough: inode file handles unusable, using O_PATH fds", "err", err)
+	}
+	return nil
 }
 
 const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_SYMLINKS
@@ -426,15 +247,7 @@ func (f *FS) Capabilities() uint64 {
 		gofuse.CAP_ATOMIC_O_TRUNC | gofuse.CAP_BIG_WRITES | gofuse.CAP_AUTO_INVAL_DATA |
 		gofuse.CAP_ASYNC_DIO)
 	o := &f.opts
-	if o.Writeback {
-		c |= gofuse.CAP_WRITEBACK_CACHE
-	}
-	if o.PosixACL {
-		c |= gofuse.CAP_POSIX_ACL | gofuse.CAP_DONT_MASK | gofuse.CAP_SETXATTR_EXT
-	}
-	if o.AnnounceSubmounts {
-		c |= gofuse.CAP_SUBMOUNTS
-	}
+	c |= optionCaps(o.Writeback, o.PosixACL, o.AnnounceSubmounts)
 	if o.KillprivV2 {
 		c |= gofuse.CAP_HANDLE_KILLPRIV_V2
 	}
@@ -449,6 +262,23 @@ func (f *FS) Capabilities() uint64 {
 	}
 	if o.Flock {
 		c |= gofuse.CAP_FLOCK_LOCKS
+	}
+	return c
+}
+
+// optionCaps is the capabilities that turn on the writeback cache, POSIX
+// ACLs and submount announcements: the options a migration carries
+// (negotiatedCaps), which a destination must offer too.
+func optionCaps(writeback, posixACL, submounts bool) uint64 {
+	var c uint64
+	if writeback {
+		c |= gofuse.CAP_WRITEBACK_CACHE
+	}
+	if posixACL {
+		c |= gofuse.CAP_POSIX_ACL | gofuse.CAP_DONT_MASK | gofuse.CAP_SETXATTR_EXT
+	}
+	if submounts {
+		c |= gofuse.CAP_SUBMOUNTS
 	}
 	return c
 }

@@ -1,6 +1,7 @@
 package passthrough
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -23,6 +24,10 @@ type testFS struct {
 	baseFDs int
 }
 
+// testLog is the file systems' logger in tests: what they log is not
+// asserted.
+var testLog = slog.New(slog.DiscardHandler)
+
 func newTestFS(t *testing.T, opts Options) *testFS {
 	t.Helper()
 	base := t.TempDir()
@@ -30,15 +35,23 @@ func newTestFS(t *testing.T, opts Options) *testFS {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	tf := openTestFS(t, dir, base, opts)
+	tf.Init(tf.Capabilities())
+	return tf
+}
+
+// openTestFS returns a fresh file system over dir (in base), closed when
+// the test ends; INIT is not done.
+func openTestFS(t *testing.T, dir, base string, opts Options) *testFS {
+	t.Helper()
 	if opts.InodeFileHandles == FileHandlesNever && os.Getenv("PT_FILE_HANDLES") == "prefer" {
 		opts.InodeFileHandles = FileHandlesPrefer
 	}
-	f, err := New(dir, opts)
+	f, err := New(dir, opts, testLog)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Close() })
-	f.Init(f.Capabilities())
 	return &testFS{FS: f, t: t, dir: dir, base: base, baseFDs: f.Stats().InodeFDs}
 }
 

@@ -119,13 +119,17 @@ func (i *inode) isReg() bool     { return i.ftype == unix.S_IFREG }
 func (i *inode) isSymlink() bool { return i.ftype == unix.S_IFLNK }
 
 // tryRef takes a use reference unless the inode is already being torn down.
-func (i *inode) tryRef() bool {
+func (i *inode) tryRef() bool { return tryRef(&i.refs) }
+
+// tryRef adds a reference to count unless it has dropped to zero: the
+// last put has torn the object down (or is about to).
+func tryRef(count *atomic.Int64) bool {
 	for {
-		r := i.refs.Load()
+		r := count.Load()
 		if r <= 0 {
 			return false
 		}
-		if i.refs.CompareAndSwap(r, r+1) {
+		if count.CompareAndSwap(r, r+1) {
 			return true
 		}
 	}
@@ -216,17 +220,7 @@ type handle struct {
 func (h *handle) tableID() uint64      { return h.id }
 func (h *handle) setTableID(id uint64) { h.id = id }
 
-func (h *handle) tryRef() bool {
-	for {
-		r := h.refs.Load()
-		if r <= 0 {
-			return false
-		}
-		if h.refs.CompareAndSwap(r, r+1) {
-			return true
-		}
-	}
-}
+func (h *handle) tryRef() bool { return tryRef(&h.refs) }
 
 func (h *handle) put() {
 	if h.refs.Add(-1) != 0 {

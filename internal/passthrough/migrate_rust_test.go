@@ -11,18 +11,20 @@ import (
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/govirtiofsd/govirtiofsd/internal/passthrough/migstate"
 )
 
 // States as the Rust virtiofsd writes them (no trailer: session nil),
 // loaded at the FS level.
 
 // rustStream writes s as the Rust daemon would: the message alone.
-func rustStream(t *testing.T, s *migState) []byte {
+func rustStream(t *testing.T, s *migstate.State) []byte {
 	t.Helper()
 	c := *s
 	c.Ours = false
 	var b bytes.Buffer
-	if err := writeState(&b, &c); err != nil {
+	if err := migstate.EncodeUnchecked(&b, &c); err != nil {
 		t.Fatal(err)
 	}
 	return b.Bytes()
@@ -33,7 +35,7 @@ func rustStream(t *testing.T, s *migState) []byte {
 // forgot it), b, c (looked up, and parents), file1 looked up twice, x by a
 // full path, a node lost on the source, ids above 2^32, and handles 0 (on
 // file1), 1 (c, OPENDIR), 2 (the root, OPENDIR).
-func rustTree(t *testing.T, src *testFS) *migState {
+func rustTree(t *testing.T, src *testFS) *migstate.State {
 	t.Helper()
 	os.MkdirAll(src.path("a/b/c"), 0o755)
 	os.WriteFile(src.path("a/b/c/file1"), []byte("hello"), 0o644)
@@ -46,19 +48,19 @@ func rustTree(t *testing.T, src *testFS) *migState {
 		x     = 10
 		lost  = 1<<40 + 11
 	)
-	return &migState{V2: true, NextInode: 1<<40 + 12, NextHandle: 3,
-		Opts: negotiatedOpts{SuppGroups: true},
-		Inodes: []inodeRecord{
+	return &migstate.State{V2: true, NextInode: 1<<40 + 12, NextHandle: 3,
+		Opts: migstate.Negotiated{SuppGroups: true},
+		Inodes: []migstate.Inode{
 			// Out of order on purpose: children before parents.
-			{ID: file1, Refcount: 2, Loc: locPath, Parent: c, Path: "file1"},
-			{ID: rootID, Refcount: 2 + 1, Loc: locRoot},
-			{ID: c, Refcount: 1 + 1, Loc: locPath, Parent: b, Path: "c"},
-			{ID: b, Refcount: 1 + 1, Loc: locPath, Parent: a, Path: "b"},
-			{ID: a, Refcount: 0 + 1, Loc: locPath, Parent: rootID, Path: "a"},
-			{ID: x, Refcount: 1, Loc: locFullPath, Path: "x"},
-			{ID: lost, Refcount: 1, Loc: locInvalid},
+			{ID: file1, Refcount: 2, Loc: migstate.LocPath, Parent: c, Path: "file1"},
+			{ID: rootID, Refcount: 2 + 1, Loc: migstate.LocRoot},
+			{ID: c, Refcount: 1 + 1, Loc: migstate.LocPath, Parent: b, Path: "c"},
+			{ID: b, Refcount: 1 + 1, Loc: migstate.LocPath, Parent: a, Path: "b"},
+			{ID: a, Refcount: 0 + 1, Loc: migstate.LocPath, Parent: rootID, Path: "a"},
+			{ID: x, Refcount: 1, Loc: migstate.LocFullPath, Path: "x"},
+			{ID: lost, Refcount: 1, Loc: migstate.LocInvalid},
 		},
-		Handles: []handleRecord{
+		Handles: []migstate.Handle{
 			{ID: 0, Inode: file1, Flags: unix.O_RDWR},
 			{ID: 1, Inode: c, Flags: unix.O_RDONLY | unix.O_DIRECTORY},
 			{ID: 2, Inode: rootID, Flags: unix.O_DIRECTORY},
@@ -144,19 +146,19 @@ func TestMigrateFromRustRefused(t *testing.T) {
 	good := rustTree(t, src)
 	edits := []struct {
 		name string
-		edit func(s *migState)
+		edit func(s *migstate.State)
 		want string
 	}{
-		{"parent missing", func(s *migState) { s.Inodes = slices.Delete(s.Inodes, 4, 5) }, "its parent 0x2 is missing"},
-		{"handle without its inode", func(s *migState) { s.Handles[0].Inode = 77 }, "handle 0x0: its inode 0x4d is missing"},
-		{"handle on a path-only inode", func(s *migState) { s.Handles[0].Inode = 2 }, "has no lookup"},
-		{"no root", func(s *migState) { s.Inodes = slices.Delete(s.Inodes, 1, 2) }, "without the root"},
-		{"root count gone", func(s *migState) { s.Inodes[1].Refcount = 1 }, "refcount 1 below its 2 child references"},
-		{"cycle", func(s *migState) {
+		{"parent missing", func(s *migstate.State) { s.Inodes = slices.Delete(s.Inodes, 4, 5) }, "its parent 0x2 is missing"},
+		{"handle without its inode", func(s *migstate.State) { s.Handles[0].Inode = 77 }, "handle 0x0: its inode 0x4d is missing"},
+		{"handle on a path-only inode", func(s *migstate.State) { s.Handles[0].Inode = 2 }, "has no lookup"},
+		{"no root", func(s *migstate.State) { s.Inodes = slices.Delete(s.Inodes, 1, 2) }, "without the root"},
+		{"root count gone", func(s *migstate.State) { s.Inodes[1].Refcount = 1 }, "refcount 1 below its 2 child references"},
+		{"cycle", func(s *migstate.State) {
 			s.Inodes[4].Parent = 8 // a below c, c below b, b below a
 			s.Inodes[2].Refcount++
 		}, "a cycle of parents"},
-		{"posix acl off here", func(s *migState) { s.Opts.PosixACL = true }, "POSIX ACLs"},
+		{"posix acl off here", func(s *migstate.State) { s.Opts.PosixACL = true }, "POSIX ACLs"},
 	}
 	for _, policy := range []MigrationOnError{MigrationAbort, MigrationGuestError} {
 		dst := newDest(t, src, Options{Migration: MigrationOptions{OnError: policy}})
@@ -185,14 +187,14 @@ func TestMigrateIDCollision(t *testing.T) {
 	for _, n := range []string{"f3", "g3", "h"} {
 		os.WriteFile(src.path(n), []byte(n), 0o644)
 	}
-	s := &migState{V2: true, NextInode: 1<<32 + 4, NextHandle: 1<<32 + 4,
-		Inodes: []inodeRecord{
-			{ID: rootID, Refcount: 2, Loc: locRoot},
-			{ID: 3, Refcount: 1, Loc: locFullPath, Path: "f3"},
-			{ID: 1<<32 | 3, Refcount: 1, Loc: locFullPath, Path: "g3"},
-			{ID: maxSlots + 5, Refcount: 1, Loc: locFullPath, Path: "h"},
+	s := &migstate.State{V2: true, NextInode: 1<<32 + 4, NextHandle: 1<<32 + 4,
+		Inodes: []migstate.Inode{
+			{ID: rootID, Refcount: 2, Loc: migstate.LocRoot},
+			{ID: 3, Refcount: 1, Loc: migstate.LocFullPath, Path: "f3"},
+			{ID: 1<<32 | 3, Refcount: 1, Loc: migstate.LocFullPath, Path: "g3"},
+			{ID: maxSlots + 5, Refcount: 1, Loc: migstate.LocFullPath, Path: "h"},
 		},
-		Handles: []handleRecord{
+		Handles: []migstate.Handle{
 			{ID: 0, Inode: 3, Flags: unix.O_RDONLY},
 			{ID: 3, Inode: 1<<32 | 3, Flags: unix.O_RDONLY},
 			{ID: 1<<32 | 3, Inode: maxSlots + 5, Flags: unix.O_RDONLY},
@@ -307,7 +309,7 @@ func TestMigrateOursAsRust(t *testing.T) {
 	dfh := src.opendir(d)
 	b := save(t, src.FS)
 	s := decoded(t, b)
-	if r := record(s, odd); r.Loc != locInvalid || r.RawPath != "bad\xff" {
+	if r := record(s, odd); r.Loc != migstate.LocInvalid || r.RawPath != "bad\xff" {
 		t.Fatalf("odd record %+v", r)
 	}
 	for _, h := range s.Handles {
@@ -376,7 +378,7 @@ func TestMigrateFileHandles(t *testing.T) {
 	src.CancelMigration()
 	s := decoded(t, b)
 	for _, r := range s.Inodes {
-		if r.ID != rootID && r.Loc != locFileHandle {
+		if r.ID != rootID && r.Loc != migstate.LocFileHandle {
 			t.Fatalf("record %+v", r)
 		}
 	}
@@ -408,7 +410,7 @@ func TestMigrateFileHandles(t *testing.T) {
 		t.Fatalf("without its mount: %v", errno)
 	}
 	// A handle the file system does not know.
-	s.MountPaths = []mountPath{{MountID: src.root.key.mntID, Path: "."}}
+	s.MountPaths = []migstate.MountPath{{MountID: src.root.key.mntID, Path: "."}}
 	r := record(s, keep)
 	r.Handle.Bytes = bytes.Repeat([]byte{0xee}, len(r.Handle.Bytes))
 	loadFails(t, newDest(t, src, Options{}), reencode(t, s), "open_by_handle_at")
@@ -436,7 +438,7 @@ func TestMigrateVerifyHandles(t *testing.T) {
 		t.Fatalf("root %+v", root)
 	}
 	for _, id := range []uint64{f, g} {
-		if r := record(s, id); r.Loc != locPath || r.Parent != rootID || r.Verify == nil {
+		if r := record(s, id); r.Loc != migstate.LocPath || r.Parent != rootID || r.Verify == nil {
 			t.Fatalf("record %+v", r)
 		}
 	}
@@ -468,7 +470,7 @@ func TestMigrateVerifyHandles(t *testing.T) {
 
 	// File handles mode refuses the find-paths checks, as the Rust
 	// daemon does.
-	if _, err := New(src.dir, Options{Migration: MigrationOptions{Mode: MigrationFileHandles, VerifyHandles: true}}); err == nil ||
+	if _, err := New(src.dir, Options{Migration: MigrationOptions{Mode: MigrationFileHandles, VerifyHandles: true}}, testLog); err == nil ||
 		!strings.Contains(err.Error(), "find-paths mode only") {
 		t.Fatalf("New: %v", err)
 	}

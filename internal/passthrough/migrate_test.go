@@ -13,22 +13,19 @@ import (
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/govirtiofsd/govirtiofsd/internal/passthrough/migstate"
 )
 
 // newDest returns a fresh file system over src's shared directory, as a
 // migration destination is: no INIT.
 func newDest(t *testing.T, src *testFS, opts Options) *testFS {
 	t.Helper()
-	if opts.InodeFileHandles == FileHandlesNever && os.Getenv("PT_FILE_HANDLES") == "prefer" {
-		opts.InodeFileHandles = FileHandlesPrefer
-	}
-	f, err := New(src.dir, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	return &testFS{FS: f, t: t, dir: src.dir, base: src.base, baseFDs: f.Stats().InodeFDs}
+	return openTestFS(t, src.dir, src.base, opts)
 }
+
+// trailerMagic starts our trailer (package migstate's stream).
+const trailerMagic = "GVFSTAIL"
 
 // testSession stands for the FUSE server's session record, which the file
 // system carries without reading it.
@@ -68,7 +65,7 @@ func recordRestore(a *restoreArgs, caps uint64) func([]byte, bool, uint64) (uint
 }
 
 // record returns the record of node id in s, nil without one.
-func record(s *migState, id uint64) *inodeRecord {
+func record(s *migstate.State, id uint64) *migstate.Inode {
 	for k := range s.Inodes {
 		if s.Inodes[k].ID == id {
 			return &s.Inodes[k]
@@ -77,9 +74,9 @@ func record(s *migState, id uint64) *inodeRecord {
 	return nil
 }
 
-func decoded(t *testing.T, b []byte) *migState {
+func decoded(t *testing.T, b []byte) *migstate.State {
 	t.Helper()
-	s, err := decodeState(bytes.NewReader(b), maxStateSize)
+	s, err := migstate.Decode(bytes.NewReader(b), migstate.MaxSize)
 	if err != nil {
 		t.Fatalf("decode: %v", err)
 	}
@@ -174,7 +171,7 @@ func TestMigrateRoundTrip(t *testing.T) {
 	s := decoded(t, b)
 	paths := map[uint64]string{}
 	for _, r := range s.Inodes {
-		if r.Loc != locFullPath && r.ID != rootID {
+		if r.Loc != migstate.LocFullPath && r.ID != rootID {
 			t.Fatalf("record %+v", r)
 		}
 		paths[r.ID] = r.Path
@@ -185,7 +182,7 @@ func TestMigrateRoundTrip(t *testing.T) {
 	if r := record(s, d); r.Refcount != 2 || r.Type != unix.S_IFDIR {
 		t.Fatalf("record of d %+v", r)
 	}
-	if r := record(s, rootID); r.Loc != locRoot || r.Refcount != rootRefcount || len(s.Inodes) != 5 {
+	if r := record(s, rootID); r.Loc != migstate.LocRoot || r.Refcount != rootRefcount || len(s.Inodes) != 5 {
 		t.Fatalf("root record %+v of %d", r, len(s.Inodes))
 	}
 	if !s.Ours || !bytes.Equal(s.Session, testSession) || !s.V2 || !s.Opts.Writeback || !s.Opts.SuppGroups ||
@@ -320,7 +317,7 @@ func TestMigrateUnreachable(t *testing.T) {
 		os.Remove(src.path("gone"))
 		b := save(t, src.FS)
 		for _, r := range decoded(t, b).Inodes {
-			if (r.ID == u || r.ID == gone) != (r.Loc == locInvalid) {
+			if (r.ID == u || r.ID == gone) != (r.Loc == migstate.LocInvalid) {
 				t.Fatalf("record %+v", r)
 			}
 		}
@@ -533,7 +530,7 @@ func TestMigrateStaleHandle(t *testing.T) {
 func TestMigrateNoInodes(t *testing.T) {
 	src := newTestFS(t, Options{})
 	b := save(t, src.FS)
-	if s := decoded(t, b); len(s.Inodes) != 1 || s.Inodes[0].Loc != locRoot || len(s.Handles) != 0 || s.NextInode != 2 {
+	if s := decoded(t, b); len(s.Inodes) != 1 || s.Inodes[0].Loc != migstate.LocRoot || len(s.Handles) != 0 || s.NextInode != 2 {
 		t.Fatalf("%+v", s)
 	}
 	dst := newDest(t, src, Options{})
@@ -548,7 +545,7 @@ func TestMigrateNoInodes(t *testing.T) {
 
 	src.Destroy()
 	b = save(t, src.FS)
-	if s := decoded(t, b); len(s.Inodes) != 0 || len(s.Handles) != 0 || s.Opts != (negotiatedOpts{}) {
+	if s := decoded(t, b); len(s.Inodes) != 0 || len(s.Handles) != 0 || s.Opts != (migstate.Negotiated{}) {
 		t.Fatalf("%+v", s)
 	}
 	if err := dst.LoadState(bytes.NewReader(b), recordRestore(&a, 0)); err != nil {
@@ -646,36 +643,6 @@ func TestRelLink(t *testing.T) {
 	}
 }
 
-func TestCheckStatePath(t *testing.T) {
-	long := strings.Repeat("a/", maxStatePath/2+1) + "a"
-	tests := []struct {
-		path string
-		ok   bool
-	}{
-		{"a", true},
-		{"a/b/c", true},
-		{"..a/b..", true},
-		{strings.Repeat("x", 255), true},
-		{long[:maxStatePath], true},
-		{long, false},
-		{"", false},
-		{"/a", false},
-		{"a/", false},
-		{"a//b", false},
-		{".", false},
-		{"a/./b", false},
-		{"..", false},
-		{"a/../../b", false},
-		{"a\x00b", false},
-		{strings.Repeat("x", 256), false},
-	}
-	for _, tc := range tests {
-		if err := checkStatePath(tc.path); (err == nil) != tc.ok {
-			t.Errorf("checkStatePath(%.40q) = %v", tc.path, err)
-		}
-	}
-}
-
 // smallState is a valid state of src: a directory, a file in it and a
 // handle of each.
 func smallState(t *testing.T) (*testFS, []byte) {
@@ -690,11 +657,11 @@ func smallState(t *testing.T) (*testFS, []byte) {
 }
 
 // reencode writes s as it is, with its checksum fixed up: also records
-// encodeState would refuse, to see the decoder and LoadState refuse them.
-func reencode(t *testing.T, s *migState) []byte {
+// migstate.Encode would refuse, to see the decoder and LoadState refuse them.
+func reencode(t *testing.T, s *migstate.State) []byte {
 	t.Helper()
 	var b bytes.Buffer
-	if err := writeState(&b, s); err != nil {
+	if err := migstate.EncodeUnchecked(&b, s); err != nil {
 		t.Fatal(err)
 	}
 	return b.Bytes()
@@ -761,7 +728,7 @@ func TestLoadStateBadStreams(t *testing.T) {
 	huge := append(slices.Clone(msg), trailerMagic+"\x01\x00\x00\x00\xff\xff\xff\xff"...)
 	loadFails(t, dst, huge, "session record of")
 	// The size bound.
-	if _, err := decodeState(bytes.NewReader(good), int64(len(good)-1)); err == nil || !strings.Contains(err.Error(), "too large") {
+	if _, err := migstate.Decode(bytes.NewReader(good), int64(len(good)-1)); err == nil || !strings.Contains(err.Error(), "too large") {
 		t.Fatalf("size bound: %v", err)
 	}
 
@@ -777,63 +744,65 @@ func TestLoadStateBadStreams(t *testing.T) {
 			fileID = r.ID
 		}
 	}
-	at := func(s *migState, id uint64) *inodeRecord { return record(s, id) }
+	at := func(s *migstate.State, id uint64) *migstate.Inode { return record(s, id) }
 	edits := []struct {
 		name string
-		edit func(s *migState)
+		edit func(s *migstate.State)
 		want string
 	}{
-		{"dup node", func(s *migState) { at(s, fileID).ID = dirID }, "duplicate node id"},
-		{"node 0", func(s *migState) { at(s, fileID).ID = 0 }, "reserved"},
-		{"root id on a path", func(s *migState) { at(s, fileID).ID = rootID }, "the root is node 1"},
-		{"root location elsewhere", func(s *migState) { at(s, fileID).Loc = locRoot }, "the root is node 1"},
-		{"no root", func(s *migState) { s.Inodes = s.Inodes[1:] }, "without the root"},
-		{"root refcount", func(s *migState) { at(s, rootID).Refcount = 0 }, "refcount 0 below"},
-		{"bad type", func(s *migState) { at(s, fileID).Type = 0o170000 }, "bad file type"},
-		{"dotdot", func(s *migState) { at(s, fileID).Path = "../x" }, `".." component`},
-		{"absolute", func(s *migState) { at(s, fileID).Path = "/etc" }, "absolute"},
-		{"nul", func(s *migState) { at(s, fileID).Path = "d\x00" }, "NUL"},
-		{"empty comp", func(s *migState) { at(s, fileID).Path = "d//f" }, "empty component"},
-		{"empty", func(s *migState) { at(s, fileID).Path = "" }, "empty path"},
-		{"parent missing", func(s *migState) {
+		{"dup node", func(s *migstate.State) { at(s, fileID).ID = dirID }, "duplicate node id"},
+		{"node 0", func(s *migstate.State) { at(s, fileID).ID = 0 }, "reserved"},
+		{"root id on a path", func(s *migstate.State) { at(s, fileID).ID = rootID }, "the root is node 1"},
+		{"root location elsewhere", func(s *migstate.State) { at(s, fileID).Loc = migstate.LocRoot }, "the root is node 1"},
+		{"no root", func(s *migstate.State) { s.Inodes = s.Inodes[1:] }, "without the root"},
+		{"root refcount", func(s *migstate.State) { at(s, rootID).Refcount = 0 }, "refcount 0 below"},
+		{"bad type", func(s *migstate.State) { at(s, fileID).Type = 0o170000 }, "bad file type"},
+		{"dotdot", func(s *migstate.State) { at(s, fileID).Path = "../x" }, `".." component`},
+		{"absolute", func(s *migstate.State) { at(s, fileID).Path = "/etc" }, "absolute"},
+		{"nul", func(s *migstate.State) { at(s, fileID).Path = "d\x00" }, "NUL"},
+		{"empty comp", func(s *migstate.State) { at(s, fileID).Path = "d//f" }, "empty component"},
+		{"empty", func(s *migstate.State) { at(s, fileID).Path = "" }, "empty path"},
+		{"parent missing", func(s *migstate.State) {
 			r := at(s, fileID)
-			r.Loc, r.Parent, r.Path = locPath, 77<<32, "f"
+			r.Loc, r.Parent, r.Path = migstate.LocPath, 77<<32, "f"
 		}, "parent 0x4d00000000 is missing"},
-		{"parent a file", func(s *migState) {
+		{"parent a file", func(s *migstate.State) {
 			r := at(s, dirID)
-			r.Loc, r.Parent, r.Path = locPath, fileID, "d"
+			r.Loc, r.Parent, r.Path = migstate.LocPath, fileID, "d"
 		}, "is of type"},
-		{"parent cycle", func(s *migState) {
+		{"parent cycle", func(s *migstate.State) {
 			r := at(s, dirID)
-			r.Loc, r.Parent, r.Path = locPath, dirID, "d"
+			r.Loc, r.Parent, r.Path = migstate.LocPath, dirID, "d"
 		}, "its own parent"},
-		{"refcount below children", func(s *migState) {
+		{"refcount below children", func(s *migstate.State) {
 			r := at(s, fileID)
-			r.Loc, r.Parent, r.Path = locPath, dirID, "f"
+			r.Loc, r.Parent, r.Path = migstate.LocPath, dirID, "f"
 			at(s, dirID).Refcount = 0
 		}, "refcount 0 below its 1 child"},
-		{"empty handle", func(s *migState) {
+		{"empty handle", func(s *migstate.State) {
 			r := at(s, fileID)
-			r.Loc, r.Handle = locFileHandle, fileHandleRecord{}
+			r.Loc, r.Handle = migstate.LocFileHandle, migstate.FileHandle{}
 		}, "file handle of 0 bytes"},
-		{"dup mount", func(s *migState) { s.MountPaths = []mountPath{{1, "."}, {1, "d"}} }, "given twice"},
-		{"mount path", func(s *migState) { s.MountPaths = []mountPath{{1, "../x"}} }, `".." component`},
-		{"dup handle", func(s *migState) { s.Handles[1].ID = s.Handles[0].ID }, "duplicate file handle"},
-		{"orphan handle", func(s *migState) { s.Handles[0].Inode = 77 << 32 }, "is missing"},
-		{"handle of a path-only inode", func(s *migState) {
+		{"dup mount", func(s *migstate.State) {
+			s.MountPaths = []migstate.MountPath{{MountID: 1, Path: "."}, {MountID: 1, Path: "d"}}
+		}, "given twice"},
+		{"mount path", func(s *migstate.State) { s.MountPaths = []migstate.MountPath{{MountID: 1, Path: "../x"}} }, `".." component`},
+		{"dup handle", func(s *migstate.State) { s.Handles[1].ID = s.Handles[0].ID }, "duplicate file handle"},
+		{"orphan handle", func(s *migstate.State) { s.Handles[0].Inode = 77 << 32 }, "is missing"},
+		{"handle of a path-only inode", func(s *migstate.State) {
 			r := at(s, fileID)
-			r.Loc, r.Parent, r.Path = locPath, dirID, "f"
+			r.Loc, r.Parent, r.Path = migstate.LocPath, dirID, "f"
 			at(s, dirID).Refcount = 1 // the child's reference only
 		}, "has no lookup"},
-		{"dir handle on file", func(s *migState) {
+		{"dir handle on file", func(s *migstate.State) {
 			for k := range s.Handles {
 				s.Handles[k].Inode, s.Handles[k].Dir = fileID, true
 			}
 		}, "directory handle"},
-		{"writeback off here", func(s *migState) { s.Opts.Writeback = true }, "writeback"},
-		{"submounts off here", func(s *migState) { s.Opts.AnnounceSubmounts = true }, "announces submounts"},
-		{"acl off here", func(s *migState) { s.Opts.PosixACL = true }, "POSIX ACLs"},
-		{"escape by symlink", func(s *migState) {
+		{"writeback off here", func(s *migstate.State) { s.Opts.Writeback = true }, "writeback"},
+		{"submounts off here", func(s *migstate.State) { s.Opts.AnnounceSubmounts = true }, "announces submounts"},
+		{"acl off here", func(s *migstate.State) { s.Opts.PosixACL = true }, "POSIX ACLs"},
+		{"escape by symlink", func(s *migstate.State) {
 			os.Symlink("..", src.path("up"))
 			at(s, dirID).Path = "up/share/d"
 		}, ""},
@@ -860,7 +829,7 @@ func TestLoadStateBadStreams(t *testing.T) {
 
 // messageOnly is the Rust message of s, without our trailer: what a Rust
 // virtiofsd would write for it.
-func messageOnly(t *testing.T, s *migState) []byte {
+func messageOnly(t *testing.T, s *migstate.State) []byte {
 	t.Helper()
 	c := *s
 	c.Ours = false
@@ -887,6 +856,29 @@ func TestLoadStateTypeMismatch(t *testing.T) {
 	}
 }
 
+// rustSeeds are states as the Rust daemon writes them (no trailer), for
+// the fuzz targets: paths below parents, file handles with mount paths,
+// handle id 0, ids above 2^32, V1.
+func rustSeeds() []*migstate.State {
+	root := migstate.Inode{ID: rootID, Refcount: 3, Loc: migstate.LocRoot}
+	return []*migstate.State{
+		{V2: true, NextInode: 5, NextHandle: 2, Opts: migstate.Negotiated{AnnounceSubmounts: true, SuppGroups: true},
+			Inodes: []migstate.Inode{root,
+				{ID: 2, Refcount: 2, Loc: migstate.LocPath, Parent: rootID, Path: "d"},
+				{ID: 3, Refcount: 1, Loc: migstate.LocPath, Parent: 2, Path: "f"},
+				{ID: 4, Refcount: 1, Loc: migstate.LocInvalid}},
+			Handles: []migstate.Handle{{ID: 0, Inode: 3, Flags: unix.O_RDWR}, {ID: 1, Inode: 2, Flags: unix.O_DIRECTORY}}},
+		{V2: true, NextInode: 1<<32 + 3, NextHandle: 1,
+			Inodes: []migstate.Inode{{ID: rootID, Refcount: 2, Loc: migstate.LocRoot},
+				{ID: 1<<32 + 2, Refcount: 1, Loc: migstate.LocFileHandle, Handle: migstate.FileHandle{MountID: 30, Type: 1, Bytes: make([]byte, 8)}},
+				{ID: 3, Refcount: 1, Loc: migstate.LocFullPath, Path: "d/f",
+					Verify: &migstate.FileHandle{MountID: 30, Type: 1, Bytes: make([]byte, 8)}}},
+			MountPaths: []migstate.MountPath{{MountID: 30, Path: "."}, {MountID: 31, Path: "d"}},
+			Handles:    []migstate.Handle{{ID: 0, Inode: 1<<32 + 2}}},
+		{NextInode: 3, Inodes: []migstate.Inode{root, {ID: 2, Refcount: 1, Loc: migstate.LocPath, Parent: rootID, Path: "up/share"}}},
+	}
+}
+
 // FuzzLoadState: whatever the stream, LoadState returns (an error or not),
 // never panics, and a failed load leaves no fd open and the tables as they
 // were. With fixCRC the trailer's checksum is recomputed, so that the
@@ -898,29 +890,29 @@ func FuzzLoadState(f *testing.F) {
 	os.MkdirAll(filepath.Join(share, "d"), 0o755)
 	os.WriteFile(filepath.Join(share, "d/f"), []byte("x"), 0o644)
 	os.Symlink("..", filepath.Join(share, "up"))
-	fs, err := New(share, Options{Migration: MigrationOptions{OnError: MigrationGuestError}})
+	fs, err := New(share, Options{Migration: MigrationOptions{OnError: MigrationGuestError}}, testLog)
 	if err != nil {
 		f.Fatal(err)
 	}
 	defer fs.Close()
 
-	seed := func(s *migState) []byte {
+	seed := func(s *migstate.State) []byte {
 		var b bytes.Buffer
-		if err := encodeState(&b, s); err != nil {
+		if err := migstate.Encode(&b, s); err != nil {
 			f.Fatal(err)
 		}
 		return b.Bytes()
 	}
-	root := inodeRecord{ID: rootID, Refcount: 2, Loc: locRoot, Type: unix.S_IFDIR}
-	good := seed(&migState{
+	root := migstate.Inode{ID: rootID, Refcount: 2, Loc: migstate.LocRoot, Type: unix.S_IFDIR}
+	good := seed(&migstate.State{
 		V2: true, Ours: true, Session: []byte("s"), NextInode: 1<<32 | 5, NextHandle: 1<<32 | 8,
-		Inodes: []inodeRecord{
+		Inodes: []migstate.Inode{
 			root,
-			{ID: 1<<32 | 2, Refcount: 1, Loc: locFullPath, Type: unix.S_IFDIR, Path: "d"},
-			{ID: 1<<32 | 3, Refcount: 3, Loc: locFullPath, Type: unix.S_IFREG, Path: "d/f"},
-			{ID: 1<<32 | 4, Refcount: 1, Loc: locInvalid, Type: unix.S_IFREG},
+			{ID: 1<<32 | 2, Refcount: 1, Loc: migstate.LocFullPath, Type: unix.S_IFDIR, Path: "d"},
+			{ID: 1<<32 | 3, Refcount: 3, Loc: migstate.LocFullPath, Type: unix.S_IFREG, Path: "d/f"},
+			{ID: 1<<32 | 4, Refcount: 1, Loc: migstate.LocInvalid, Type: unix.S_IFREG},
 		},
-		Handles: []handleRecord{
+		Handles: []migstate.Handle{
 			{ID: 1<<32 | 5, Inode: 1<<32 | 3, Flags: unix.O_RDWR, Known: true, HostFlags: unix.O_RDWR},
 			{ID: 1<<32 | 6, Inode: 1<<32 | 2, Flags: unix.O_DIRECTORY, Known: true, Dir: true},
 			{ID: 1<<32 | 7, Inode: rootID, Flags: unix.O_DIRECTORY, Known: true, Dir: true},
@@ -928,9 +920,9 @@ func FuzzLoadState(f *testing.F) {
 	})
 	f.Add(good, false)
 	f.Add(good[:len(good)/2], true)
-	f.Add(seed(&migState{Ours: true}), false)
-	f.Add(seed(&migState{V2: true, Ours: true, Inodes: []inodeRecord{root,
-		{ID: 9, Refcount: 1, Loc: locFullPath, Type: unix.S_IFDIR, Path: "up/share"}}}), true)
+	f.Add(seed(&migstate.State{Ours: true}), false)
+	f.Add(seed(&migstate.State{V2: true, Ours: true, Inodes: []migstate.Inode{root,
+		{ID: 9, Refcount: 1, Loc: migstate.LocFullPath, Type: unix.S_IFDIR, Path: "up/share"}}}), true)
 	f.Add([]byte(trailerMagic), true)
 	for _, s := range rustSeeds() {
 		f.Add(seed(s), false)
@@ -943,7 +935,7 @@ func FuzzLoadState(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte, fixCRC bool) {
 		if fixCRC && len(b) >= 4 {
 			b = slices.Clone(b)
-			sum := crc32.Checksum(b[:len(b)-4], castagnoli)
+			sum := crc32.Checksum(b[:len(b)-4], crc32.MakeTable(crc32.Castagnoli))
 			b[len(b)-4], b[len(b)-3], b[len(b)-2], b[len(b)-1] = byte(sum), byte(sum>>8), byte(sum>>16), byte(sum>>24)
 		}
 		before := fs.Stats()
@@ -964,18 +956,14 @@ func TestMigrateEMFILE(t *testing.T) {
 func helperMigrateEMFILE(t *testing.T) {
 	src := newTestFS(t, Options{})
 	const files = 300
+	src.writeFiles(files)
 	for k := range files {
-		os.WriteFile(src.path(fmt.Sprint(k)), []byte("x"), 0o644)
 		src.open(src.lookup(rootID, fmt.Sprint(k)).NodeId, unix.O_RDONLY)
 	}
 	b := save(t, src.FS)
 	dst := newDest(t, src, Options{Migration: MigrationOptions{OnError: MigrationGuestError}})
-	var rl unix.Rlimit
-	unix.Getrlimit(unix.RLIMIT_NOFILE, &rl)
+	rl := limitFDs(t, 100)
 	before := openFDs(t)
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(before + 100), Max: rl.Max}); err != nil {
-		t.Fatal(err)
-	}
 	err := dst.LoadState(bytes.NewReader(b), restoreCaps(src.caps.Load()))
 	if err == nil || !strings.Contains(err.Error(), "too many open files") {
 		t.Fatalf("LoadState out of fds: %v", err)

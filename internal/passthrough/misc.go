@@ -112,16 +112,12 @@ func (f *FS) Statx(in *gofuse.StatxIn, out *gofuse.StatxOut) syscall.Errno {
 		return errno
 	}
 	defer i.put()
-	fd := i.fd
-	if in.GetattrFlags&gofuse.FUSE_GETATTR_FH != 0 {
-		h, herr := f.handleOf(in.Fh, i.inode)
-		if herr != 0 {
-			return herr
-		}
-		if h != nil {
-			defer h.put()
-			fd = h.fd
-		}
+	fd, h, errno := f.statFD(i, in.GetattrFlags&gofuse.FUSE_GETATTR_FH != 0, in.Fh)
+	if errno != 0 {
+		return errno
+	}
+	if h != nil {
+		defer h.put()
 	}
 	var st unix.Statx_t
 	flags := unix.AT_EMPTY_PATH | unix.AT_SYMLINK_NOFOLLOW | int(in.SxFlags&atStatxSyncType)

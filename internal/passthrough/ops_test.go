@@ -1169,7 +1169,7 @@ func TestAnnounceSubmounts(t *testing.T) {
 		t.Errorf("file inside the submount flagged")
 	}
 	// Without the option nothing is flagged.
-	tf2, err := New(tf.dir, Options{})
+	tf2, err := New(tf.dir, Options{}, testLog)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1222,7 +1222,7 @@ func TestCapabilities(t *testing.T) {
 		c&gofuse.CAP_FLOCK_LOCKS == 0 || c&gofuse.CAP_SECURITY_CTX != 0 {
 		t.Fatalf("caps %#x", c)
 	}
-	if _, err := New(f.dir, Options{PosixACL: true}); err == nil {
+	if _, err := New(f.dir, Options{PosixACL: true}, testLog); err == nil {
 		t.Fatal("posix acl without xattr accepted")
 	}
 	for _, s := range []string{"never", "none", "metadata", "auto", "always"} {

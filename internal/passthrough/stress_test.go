@@ -37,7 +37,7 @@ func newIOFixture(tb testing.TB, size int) *ioFixture {
 	if err := os.WriteFile(filepath.Join(dir, "f"), make([]byte, size), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	f, err := New(dir, Options{Cache: CacheNever})
+	f, err := New(dir, Options{Cache: CacheNever}, testLog)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -100,28 +100,29 @@ func TestReadWriteAllocs(t *testing.T) {
 }
 
 func BenchmarkRead(b *testing.B) {
-	for _, size := range ioSizes {
-		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
-			x := newIOFixture(b, size)
-			in := &gofuse.ReadIn{InHeader: *hdr(x.node), Fh: x.fh, Size: uint32(size)}
-			b.SetBytes(int64(size))
-			b.ReportAllocs()
-			for b.Loop() {
-				x.read(b, in)
-			}
-		})
-	}
+	benchIO(b, func(b *testing.B, x *ioFixture, size int) func() {
+		in := &gofuse.ReadIn{InHeader: *hdr(x.node), Fh: x.fh, Size: uint32(size)}
+		return func() { x.read(b, in) }
+	})
 }
 
 func BenchmarkWrite(b *testing.B) {
+	benchIO(b, func(b *testing.B, x *ioFixture, size int) func() {
+		in := &gofuse.WriteIn{InHeader: *hdr(x.node), Fh: x.fh, Size: uint32(size)}
+		return func() { x.write(b, in) }
+	})
+}
+
+// benchIO measures, for each of ioSizes, the request op makes for a
+// fixture of that size.
+func benchIO(b *testing.B, op func(b *testing.B, x *ioFixture, size int) func()) {
 	for _, size := range ioSizes {
 		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
-			x := newIOFixture(b, size)
-			in := &gofuse.WriteIn{InHeader: *hdr(x.node), Fh: x.fh, Size: uint32(size)}
+			do := op(b, newIOFixture(b, size), size)
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
 			for b.Loop() {
-				x.write(b, in)
+				do()
 			}
 		})
 	}
@@ -262,6 +263,25 @@ func TestHelperProcess(t *testing.T) {
 	}
 }
 
+// writeFiles makes n files of one byte in the share, named 0 to n-1.
+func (tf *testFS) writeFiles(n int) {
+	for k := range n {
+		os.WriteFile(tf.path(fmt.Sprint(k)), []byte("x"), 0o644)
+	}
+}
+
+// limitFDs lowers RLIMIT_NOFILE so that about room more fds can be opened
+// than are open now, and returns the limit it replaced.
+func limitFDs(t *testing.T, room int) unix.Rlimit {
+	t.Helper()
+	var rl unix.Rlimit
+	unix.Getrlimit(unix.RLIMIT_NOFILE, &rl)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(openFDs(t) + room), Max: rl.Max}); err != nil {
+		t.Fatal(err)
+	}
+	return rl
+}
+
 // Exhausting RLIMIT_NOFILE gives the guest EMFILE, never a crash, and
 // everything works again once it forgets and releases.
 func TestEMFILE(t *testing.T) {
@@ -271,17 +291,8 @@ func TestEMFILE(t *testing.T) {
 func helperEMFILE(t *testing.T) {
 	tf := newTestFS(t, Options{})
 	const files = 300
-	for i := range files {
-		os.WriteFile(tf.path(fmt.Sprint(i)), []byte("x"), 0o644)
-	}
-	var rl unix.Rlimit
-	unix.Getrlimit(unix.RLIMIT_NOFILE, &rl)
-	// Leave room for about 100 more fds.
-	fds, _ := os.ReadDir("/proc/self/fd")
-	lim := uint64(len(fds) + 100)
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: lim, Max: rl.Max}); err != nil {
-		t.Fatal(err)
-	}
+	tf.writeFiles(files)
+	limitFDs(t, 100)
 	var nodes, fhs []uint64
 	var hit syscall.Errno
 	for i := range files {

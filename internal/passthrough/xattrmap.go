@@ -56,76 +56,94 @@ func parseXattrMap(s string) (*xattrMap, error) {
 		if sawMap {
 			return nil, fmt.Errorf("xattrmap: the 'map' rule must be the last one")
 		}
-		sep := rest[:1]
-		rest = rest[1:]
-		field := func(what string) (string, error) {
-			i := strings.Index(rest, sep)
-			if i < 0 {
-				return "", fmt.Errorf("xattrmap: missing %s (or its closing %q)", what, sep)
-			}
-			f := rest[:i]
-			rest = rest[i+1:]
-			return f, nil
-		}
-		typ, err := field("type")
+		fields := &ruleFields{sep: rest[:1], rest: rest[1:]}
+		r, isMap, err := fields.rule()
 		if err != nil {
 			return nil, err
 		}
-		if typ == "map" {
-			key, err := field("key")
-			if err != nil {
-				return nil, err
-			}
-			prepend, err := field("prepend")
-			if err != nil {
-				return nil, err
-			}
-			m.addMap([]byte(key), []byte(prepend))
+		rest = fields.rest
+		if isMap {
+			m.addMap(r.key, r.prepend)
 			sawMap = true
 			continue
 		}
-		r := xattrRule{}
-		switch typ {
-		case "prefix":
-			r.typ = xrPrefix
-		case "ok":
-			r.typ = xrOK
-		case "bad":
-			r.typ = xrBad
-		case "unsupported":
-			r.typ = xrUnsupported
-		default:
-			return nil, fmt.Errorf("xattrmap: unknown rule type %q", typ)
-		}
-		scope, err := field("scope")
-		if err != nil {
-			return nil, err
-		}
-		switch scope {
-		case "client":
-			r.client = true
-		case "server":
-			r.server = true
-		case "all":
-			r.client, r.server = true, true
-		default:
-			return nil, fmt.Errorf("xattrmap: unknown scope %q", scope)
-		}
-		key, err := field("key")
-		if err != nil {
-			return nil, err
-		}
-		prepend, err := field("prepend")
-		if err != nil {
-			return nil, err
-		}
-		r.key, r.prepend = []byte(key), []byte(prepend)
 		m.rules = append(m.rules, r)
 	}
 	if len(m.rules) == 0 {
 		return nil, fmt.Errorf("xattrmap: no rules")
 	}
 	return m, nil
+}
+
+// ruleFields reads the fields of one rule, each closed by sep (the rule's
+// first character).
+type ruleFields struct {
+	rest, sep string
+}
+
+func (r *ruleFields) next(what string) (string, error) {
+	i := strings.Index(r.rest, r.sep)
+	if i < 0 {
+		return "", fmt.Errorf("xattrmap: missing %s (or its closing %q)", what, r.sep)
+	}
+	f := r.rest[:i]
+	r.rest = r.rest[i+1:]
+	return f, nil
+}
+
+// rule reads a rule, or a map rule (isMap: only its key and prepend).
+func (r *ruleFields) rule() (rule xattrRule, isMap bool, err error) {
+	typ, err := r.next("type")
+	if err != nil {
+		return rule, false, err
+	}
+	if isMap = typ == "map"; !isMap {
+		if err := r.typeAndScope(typ, &rule); err != nil {
+			return rule, false, err
+		}
+	}
+	key, err := r.next("key")
+	if err != nil {
+		return rule, false, err
+	}
+	prepend, err := r.next("prepend")
+	if err != nil {
+		return rule, false, err
+	}
+	rule.key, rule.prepend = []byte(key), []byte(prepend)
+	return rule, isMap, nil
+}
+
+// typeAndScope sets rule's type from typ, and its scope from the next
+// field.
+func (r *ruleFields) typeAndScope(typ string, rule *xattrRule) error {
+	switch typ {
+	case "prefix":
+		rule.typ = xrPrefix
+	case "ok":
+		rule.typ = xrOK
+	case "bad":
+		rule.typ = xrBad
+	case "unsupported":
+		rule.typ = xrUnsupported
+	default:
+		return fmt.Errorf("xattrmap: unknown rule type %q", typ)
+	}
+	scope, err := r.next("scope")
+	if err != nil {
+		return err
+	}
+	switch scope {
+	case "client":
+		rule.client = true
+	case "server":
+		rule.server = true
+	case "all":
+		rule.client, rule.server = true, true
+	default:
+		return fmt.Errorf("xattrmap: unknown scope %q", scope)
+	}
+	return nil
 }
 
 // addMap expands ":map:key:prepend:" as the C daemon does.

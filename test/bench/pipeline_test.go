@@ -46,7 +46,7 @@ func benchPipeline(b *testing.B, w Workload, rings int) {
 	}
 	defer cleanup()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	fsys, err := passthrough.New(o.Share, passthrough.Options{Cache: passthrough.CacheNever})
+	fsys, err := passthrough.New(o.Share, passthrough.Options{Cache: passthrough.CacheNever}, log)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package passthrough
+package migstate
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 )
 
 // The Rust virtiofsd's format, checked against streams built here by hand
-// from its description (postcard.go, stateenc.go), not by our encoder.
+// from its description (postcard.go, stream.go), not by our encoder.
 
 // leb is an unsigned LEB128 varint: 7 bits per byte, low first, bit 7 on
 // every byte but the last.
@@ -90,26 +90,26 @@ var everyLocation = cat(
 	[]byte{7}, str("."),                  //   mount 7: the share
 )
 
-var everyLocationState = &migState{
+var everyLocationState = &State{
 	V2: true,
-	Inodes: []inodeRecord{
-		{ID: 1, Refcount: 3, Loc: locRoot},
-		{ID: 2, Refcount: 2, Loc: locPath, Parent: 1, Path: "d",
-			Verify: &fileHandleRecord{MountID: 5, Type: -1, Bytes: []byte{0xaa, 0xbb}}},
-		{ID: 3, Refcount: 1, Loc: locInvalid},
-		{ID: 1<<32 + 4, Refcount: 1, Loc: locFullPath, Path: "d/f"},
-		{ID: math.MaxUint64, Refcount: 1, Loc: locFileHandle, Handle: fileHandleRecord{MountID: 7, Type: math.MaxInt32, Bytes: []byte{0x42}}},
-		{ID: 1<<32 + 5, Refcount: 0, Loc: locFullPath, Path: "x"},
+	Inodes: []Inode{
+		{ID: 1, Refcount: 3, Loc: LocRoot},
+		{ID: 2, Refcount: 2, Loc: LocPath, Parent: 1, Path: "d",
+			Verify: &FileHandle{MountID: 5, Type: -1, Bytes: []byte{0xaa, 0xbb}}},
+		{ID: 3, Refcount: 1, Loc: LocInvalid},
+		{ID: 1<<32 + 4, Refcount: 1, Loc: LocFullPath, Path: "d/f"},
+		{ID: math.MaxUint64, Refcount: 1, Loc: LocFileHandle, Handle: FileHandle{MountID: 7, Type: math.MaxInt32, Bytes: []byte{0x42}}},
+		{ID: 1<<32 + 5, Refcount: 0, Loc: LocFullPath, Path: "x"},
 	},
 	NextInode: math.MaxUint64,
-	Handles: []handleRecord{
+	Handles: []Handle{
 		{ID: 0, Inode: 1<<32 + 4, Flags: unix.O_RDWR},
 		{ID: 1, Inode: 1, Flags: unix.O_DIRECTORY},
 		{ID: 2, Inode: 2, Flags: math.MinInt32},
 	},
 	NextHandle: 3,
-	Opts:       negotiatedOpts{Writeback: true, PosixACL: true, SuppGroups: true},
-	MountPaths: []mountPath{{MountID: 7, Path: "."}},
+	Opts:       Negotiated{Writeback: true, PosixACL: true, SuppGroups: true},
+	MountPaths: []MountPath{{MountID: 7, Path: "."}},
 }
 
 // v1Empty is the Rust daemon's state before INIT, as V1.
@@ -126,20 +126,20 @@ func TestRustFormatDecode(t *testing.T) {
 	tests := []struct {
 		name string
 		b    []byte
-		want *migState // nil: refused, with err
+		want *State // nil: refused, with err
 		err  string
 	}{
-		{name: "V1 empty", b: v1Empty, want: &migState{NextInode: 2, Inodes: []inodeRecord{}, Handles: []handleRecord{}}},
+		{name: "V1 empty", b: v1Empty, want: &State{NextInode: 2, Inodes: []Inode{}, Handles: []Handle{}}},
 		{name: "V2 every location", b: everyLocation, want: everyLocationState},
 		{name: "V1 with a path", b: cat([]byte{0, 2}, []byte{1, 3, 0, 0}, []byte{2, 1, 1, 1}, str("a"), []byte{0},
 			[]byte{3, 0, 0}, []byte{0, 0, 0, 0}),
-			want: &migState{Inodes: []inodeRecord{{ID: 1, Refcount: 3, Loc: locRoot}, {ID: 2, Refcount: 1, Loc: locPath, Parent: 1, Path: "a"}},
-				NextInode: 3, Handles: []handleRecord{}}},
+			want: &State{Inodes: []Inode{{ID: 1, Refcount: 3, Loc: LocRoot}, {ID: 2, Refcount: 1, Loc: LocPath, Parent: 1, Path: "a"}},
+				NextInode: 3, Handles: []Handle{}}},
 		// postcard takes a varint padded with 0x80 bytes within its
 		// maximum length.
 		{name: "padded varints", b: cat([]byte{0x80, 0x00}, []byte{0x80, 0x80, 0x00}, []byte{0x82, 0x80, 0x00},
 			[]byte{0}, []byte{0}, []byte{0, 0, 0, 0}),
-			want: &migState{NextInode: 2, Inodes: []inodeRecord{}, Handles: []handleRecord{}}},
+			want: &State{NextInode: 2, Inodes: []Inode{}, Handles: []Handle{}}},
 
 		{name: "empty", b: nil, err: "the stream ends here"},
 		{name: "version 2", b: []byte{2}, err: "version variant 2"},
@@ -155,15 +155,15 @@ func TestRustFormatDecode(t *testing.T) {
 		{name: "unknown handle source", b: []byte{0, 0, 2, 1, 0, 1, 1}, err: "unknown source variant 1"},
 		{name: "zigzag beyond i32", b: []byte{0, 0, 2, 1, 0, 1, 0, 0x80, 0x80, 0x80, 0x80, 0x10}, err: "malformed varint"},
 		{name: "not UTF-8", b: cat([]byte{1, 1, 2, 1, 3}, str("\xff")), err: "not UTF-8"},
-		{name: "path too long", b: cat([]byte{1, 1, 2, 1, 3}, leb(maxStatePath+1)), err: "4096 (max 4095)"},
+		{name: "path too long", b: cat([]byte{1, 1, 2, 1, 3}, leb(MaxPath+1)), err: "4096 (max 4095)"},
 		{name: "handle too long", b: []byte{1, 1, 2, 1, 4, 1, 0, 0x81, 0x01}, err: "129 (max 128)"},
-		{name: "inode count", b: cat([]byte{1}, leb(maxStateInodes+1)), err: "inode count (after 5 bytes): 4194305 (max 4194304)"},
-		{name: "mount count", b: cat([]byte{1, 0, 2, 0, 0, 0, 0, 0, 0}, leb(maxStateMounts+1)), err: "mount path count"},
+		{name: "inode count", b: cat([]byte{1}, leb(maxInodes+1)), err: "inode count (after 5 bytes): 4194305 (max 4194304)"},
+		{name: "mount count", b: cat([]byte{1, 0, 2, 0, 0, 0, 0, 0, 0}, leb(maxMounts+1)), err: "mount path count"},
 		{name: "trailing garbage", b: append(slices.Clone(v1Empty), 'x'), err: "not a govirtiofsd trailer"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			s, err := decodeState(bytes.NewReader(tc.b), maxStateSize)
+			s, err := Decode(bytes.NewReader(tc.b), MaxSize)
 			if tc.want == nil {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("decode: %v, want %q", err, tc.err)
@@ -178,7 +178,7 @@ func TestRustFormatDecode(t *testing.T) {
 			}
 			// Every strict prefix is refused.
 			for n := range len(tc.b) {
-				if _, err := decodeState(bytes.NewReader(tc.b[:n]), maxStateSize); err == nil {
+				if _, err := Decode(bytes.NewReader(tc.b[:n]), MaxSize); err == nil {
 					t.Fatalf("a %d-byte prefix decoded", n)
 				}
 			}
@@ -189,15 +189,15 @@ func TestRustFormatDecode(t *testing.T) {
 // Our encoder writes the same bytes, and our trailer exactly as described.
 func TestRustFormatEncode(t *testing.T) {
 	var b bytes.Buffer
-	if err := encodeState(&b, everyLocationState); err != nil {
+	if err := Encode(&b, everyLocationState); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(b.Bytes(), everyLocation) {
 		t.Fatalf("encoded\n% x\nwant\n% x", b.Bytes(), everyLocation)
 	}
 	b.Reset()
-	v1 := &migState{NextInode: 2}
-	if err := encodeState(&b, v1); err != nil || !bytes.Equal(b.Bytes(), v1Empty) {
+	v1 := &State{NextInode: 2}
+	if err := Encode(&b, v1); err != nil || !bytes.Equal(b.Bytes(), v1Empty) {
 		t.Fatalf("V1: % x, %v", b.Bytes(), err)
 	}
 
@@ -227,13 +227,13 @@ func TestRustFormatEncode(t *testing.T) {
 	want := cat(everyLocation, trailer)
 	want = append(want, le32(crc32.Checksum(want, crc32.MakeTable(crc32.Castagnoli)))...)
 	b.Reset()
-	if err := encodeState(&b, &s); err != nil {
+	if err := Encode(&b, &s); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(b.Bytes(), want) {
 		t.Fatalf("encoded\n% x\nwant\n% x", b.Bytes(), want)
 	}
-	got, err := decodeState(bytes.NewReader(want), maxStateSize)
+	got, err := Decode(bytes.NewReader(want), MaxSize)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,40 +242,17 @@ func TestRustFormatEncode(t *testing.T) {
 	}
 
 	// What the decoder would refuse is not written.
-	for _, bad := range []*migState{
-		{Inodes: []inodeRecord{{ID: 2, Loc: locFullPath, Path: "a/../b"}}},
-		{Inodes: []inodeRecord{{ID: 2, Loc: locFullPath, Path: "\xff"}}},
-		{Inodes: []inodeRecord{{ID: 2, Loc: locFileHandle}}},
-		{Inodes: []inodeRecord{{ID: 2, Loc: numLocKinds}}},
-		{MountPaths: []mountPath{{1, "."}}},
-		{V2: true, MountPaths: []mountPath{{1, "/"}}},
+	for _, bad := range []*State{
+		{Inodes: []Inode{{ID: 2, Loc: LocFullPath, Path: "a/../b"}}},
+		{Inodes: []Inode{{ID: 2, Loc: LocFullPath, Path: "\xff"}}},
+		{Inodes: []Inode{{ID: 2, Loc: LocFileHandle}}},
+		{Inodes: []Inode{{ID: 2, Loc: numLocs}}},
+		{MountPaths: []MountPath{{1, "."}}},
+		{V2: true, MountPaths: []MountPath{{1, "/"}}},
 		{Ours: true, Session: make([]byte, maxSessionRecord+1)},
 	} {
-		if err := encodeState(&bytes.Buffer{}, bad); err == nil {
+		if err := Encode(&bytes.Buffer{}, bad); err == nil {
 			t.Errorf("encoded %+v", bad)
 		}
-	}
-}
-
-// rustSeeds are states as the Rust daemon writes them (no trailer), for
-// the fuzz targets: paths below parents, file handles with mount paths,
-// handle id 0, ids above 2^32, V1.
-func rustSeeds() []*migState {
-	root := inodeRecord{ID: rootID, Refcount: 3, Loc: locRoot}
-	return []*migState{
-		{V2: true, NextInode: 5, NextHandle: 2, Opts: negotiatedOpts{AnnounceSubmounts: true, SuppGroups: true},
-			Inodes: []inodeRecord{root,
-				{ID: 2, Refcount: 2, Loc: locPath, Parent: rootID, Path: "d"},
-				{ID: 3, Refcount: 1, Loc: locPath, Parent: 2, Path: "f"},
-				{ID: 4, Refcount: 1, Loc: locInvalid}},
-			Handles: []handleRecord{{ID: 0, Inode: 3, Flags: unix.O_RDWR}, {ID: 1, Inode: 2, Flags: unix.O_DIRECTORY}}},
-		{V2: true, NextInode: 1<<32 + 3, NextHandle: 1,
-			Inodes: []inodeRecord{{ID: rootID, Refcount: 2, Loc: locRoot},
-				{ID: 1<<32 + 2, Refcount: 1, Loc: locFileHandle, Handle: fileHandleRecord{MountID: 30, Type: 1, Bytes: make([]byte, 8)}},
-				{ID: 3, Refcount: 1, Loc: locFullPath, Path: "d/f",
-					Verify: &fileHandleRecord{MountID: 30, Type: 1, Bytes: make([]byte, 8)}}},
-			MountPaths: []mountPath{{MountID: 30, Path: "."}, {MountID: 31, Path: "d"}},
-			Handles:    []handleRecord{{ID: 0, Inode: 1<<32 + 2}}},
-		{NextInode: 3, Inodes: []inodeRecord{root, {ID: 2, Refcount: 1, Loc: locPath, Parent: rootID, Path: "up/share"}}},
 	}
 }

@@ -1,4 +1,4 @@
-package passthrough
+package migstate
 
 import (
 	"bufio"
@@ -64,7 +64,7 @@ func (d *pcReader) read(p []byte, what string) {
 		return
 	}
 	if d.n+int64(len(p)) > d.limit {
-		d.fail(what, fmt.Errorf("%w: more than %d bytes", errStateTooLarge, d.limit))
+		d.fail(what, fmt.Errorf("%w: more than %d bytes", errTooLarge, d.limit))
 		clear(p)
 		return
 	}
@@ -119,7 +119,8 @@ func (d *pcReader) i32(what string) int32 {
 	return int32(z>>1) ^ -int32(z&1)
 }
 
-// boolean reads a bool; kind names it ("bool" or "option") in errors.
+// flag reads a bool or an Option's tag, one byte of 0 or 1; kind names
+// it ("bool" or "option") in errors.
 func (d *pcReader) flag(what, kind string) bool {
 	c := d.u8(what)
 	if c > 1 {
