@@ -1,6 +1,7 @@
 package fuse
 
 import (
+	"strconv"
 	"syscall"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
@@ -89,18 +90,5 @@ func (q *Queue) doDestroy(_, _ *bufvec.Vec) syscall.Errno {
 }
 
 func versionString(major, minor uint32) string {
-	return uitoa(major) + "." + uitoa(minor)
-}
-
-func uitoa(v uint32) string {
-	var b [10]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + v%10)
-		v /= 10
-		if v == 0 {
-			return string(b[i:])
-		}
-	}
+	return strconv.FormatUint(uint64(major), 10) + "." + strconv.FormatUint(uint64(minor), 10)
 }
