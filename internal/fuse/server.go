@@ -143,8 +143,12 @@ type Queue struct {
 	st     *queueStats // nil with metrics off
 }
 
-// replyBufSize holds the largest fixed-size reply (fuse_statx_out, 288 B).
-const replyBufSize = 512
+// replyBufSize holds the largest fixed-size reply (fuse_statx_out, 288 B);
+// smallReply all but CREATE's and STATX's.
+const (
+	replyBufSize = 512
+	smallReply   = entryOutSize
+)
 
 // Queue returns a request handler for ring index. The back end asks for one
 // per goroutine that serves the ring.
@@ -260,7 +264,12 @@ func (q *Queue) decode(op *opcode, in, out *bufvec.Vec) syscall.Errno {
 			return syscall.EINVAL
 		}
 		q.n = int(op.out)
-		clear(q.rbuf[OutHeaderSize : OutHeaderSize+q.n])
+		if q.n <= smallReply {
+			// A few stores, where clear of a length known only now is a call.
+			*(*[smallReply]byte)(q.rbuf[OutHeaderSize:]) = [smallReply]byte{}
+		} else {
+			clear(q.rbuf[OutHeaderSize : OutHeaderSize+q.n])
+		}
 	}
 	return 0
 }
