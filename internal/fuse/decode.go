@@ -11,54 +11,6 @@ import (
 	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
 )
 
-// Sizes of the argument structs after fuse_in_header, as the kernel sends
-// them to a client of minor >= 27.
-const (
-	forgetInSize    = 8
-	getattrInSize   = 16
-	setattrInSize   = 88
-	mknodInSize     = 16
-	mkdirInSize     = 8
-	renameInSize    = 8  // fuse_rename_in (RENAME)
-	rename2InSize   = 16 // fuse_rename2_in (RENAME2)
-	linkInSize      = 8
-	openInSize      = 8
-	createInSize    = 16
-	readInSize      = 40
-	writeInSize     = 40
-	releaseInSize   = 24
-	fsyncInSize     = 16
-	flushInSize     = 24
-	setxattrInSize  = 8  // without FUSE_SETXATTR_EXT
-	setxattrExtSize = 16 // with FUSE_SETXATTR_EXT
-	getxattrInSize  = 8
-	lkInSize        = 48
-	accessInSize    = 8
-	fallocInSize    = 32
-	lseekInSize     = 24
-	copyInSize      = 56
-	statxInSize     = 24
-	initInSize      = 64 // from 7.36; older clients send 16
-	initInOldSize   = 16
-	batchForgetSize = 8
-	forgetOneSize   = 16
-)
-
-// Sizes of the reply payloads.
-const (
-	entryOutSize    = 128
-	attrOutSize     = 104
-	openOutSize     = 16
-	createOutSize   = entryOutSize + openOutSize
-	statfsOutSize   = 80
-	writeOutSize    = 8
-	getxattrOutSize = 8
-	lkOutSize       = 24
-	lseekOutSize    = 8
-	statxOutSize    = 288
-	initOutSize     = 64
-)
-
 // Limits on the variable parts of a request.
 const (
 	// maxNameRegion bounds the bytes after the fixed arguments that are
@@ -83,17 +35,71 @@ func argErr(err error) syscall.Errno {
 	return syscall.EINVAL
 }
 
-// readArgs fills the struct at p (an InHeader followed by argument fields,
-// full bytes in all) with the request header and the next size argument
-// bytes of the request; the rest of the struct is zeroed.
-func (q *Queue) readArgs(in *bufvec.Vec, p unsafe.Pointer, size, full uintptr) syscall.Errno {
-	b := unsafe.Slice((*byte)(p), full)
-	*(*gofuse.InHeader)(p) = q.h
-	clear(b[InHeaderSize:])
-	if err := in.ReadFull(b[InHeaderSize : InHeaderSize+size]); err != nil {
+// request is the fixed part of the request being served: its header, then
+// its opcode's arguments, laid out so that it reads as the go-fuse struct
+// of those arguments (each begins with the InHeader).
+type request struct {
+	gofuse.InHeader
+	args [setattrInSize]byte // the largest
+}
+
+// argsOf returns the request as go-fuse's T (ReadIn, GetAttrIn...): the
+// struct of the opcode's arguments, which request holds.
+func argsOf[T any](q *Queue) *T { return (*T)(unsafe.Pointer(&q.req)) }
+
+// replyOf returns the reply payload as go-fuse's T (AttrOut, EntryOut...),
+// which the file system fills in place.
+func replyOf[T any](q *Queue) *T { return (*T)(unsafe.Pointer(&q.rbuf[OutHeaderSize])) }
+
+// readArgs reads the next n bytes of the request into the arguments after
+// the header, the rest zeroed: the fields a shorter, older layout of a
+// struct lacks read as zero.
+func (q *Queue) readArgs(in *bufvec.Vec, n int) syscall.Errno {
+	q.req.args = [len(q.req.args)]byte{} // a few stores, where clear(args[n:]) is a call
+	if err := in.ReadFull(q.req.args[:n]); err != nil {
 		return argErr(err)
 	}
 	return 0
+}
+
+// initIn: fuse_init_in is 16 bytes before 7.36 and 64 from then on; the
+// request's length tells which.
+func initIn(_ *Queue, in *bufvec.Vec) int { return max(initInOldSize, min(in.Len(), initInSize)) }
+
+// setxattrIn: fuse_setxattr_in is 16 bytes with FUSE_SETXATTR_EXT, 8
+// without.
+func setxattrIn(q *Queue, _ *bufvec.Vec) int {
+	if q.sess.caps&gofuse.CAP_SETXATTR_EXT != 0 {
+		return setxattrExtSize
+	}
+	return setxattrInSize
+}
+
+// readNames decodes what follows the fixed arguments, as layout says, into
+// q.name and q.name2.
+func (q *Queue) readNames(in *bufvec.Vec, layout nameLayout) syscall.Errno {
+	q.name, q.name2 = nil, nil
+	if layout == maybeName && in.Len() == 0 {
+		return 0
+	}
+	b, errno := q.rest(in)
+	if errno != 0 {
+		return errno
+	}
+	if layout == oneName || layout == maybeName {
+		q.name, errno = nameIn(b)
+		return errno
+	}
+	// A name and its NUL, then a second name or a value.
+	i := bytes.IndexByte(b, 0)
+	if i < 0 {
+		return syscall.EINVAL
+	}
+	q.name, q.name2 = b[:i], b[i+1:]
+	if layout == twoNames {
+		q.name2, errno = nameIn(q.name2)
+	}
+	return errno
 }
 
 // rest copies the remainder of the request (names, SETXATTR's value) into
@@ -115,9 +121,9 @@ func (q *Queue) rest(in *bufvec.Vec) ([]byte, syscall.Errno) {
 	return b, 0
 }
 
-// oneName returns the name in b, which must be the name followed by its
+// nameIn returns the name in b, which must be the name followed by its
 // terminating NUL and nothing else.
-func oneName(b []byte) ([]byte, syscall.Errno) {
+func nameIn(b []byte) ([]byte, syscall.Errno) {
 	if len(b) == 0 || b[len(b)-1] != 0 {
 		return nil, syscall.EINVAL
 	}
@@ -128,39 +134,6 @@ func oneName(b []byte) ([]byte, syscall.Errno) {
 	return name, 0
 }
 
-// twoNames splits b into two NUL-terminated names that fill it exactly.
-func twoNames(b []byte) ([]byte, []byte, syscall.Errno) {
-	i := bytes.IndexByte(b, 0)
-	if i < 0 {
-		return nil, nil, syscall.EINVAL
-	}
-	second, errno := oneName(b[i+1:])
-	if errno != 0 {
-		return nil, nil, errno
-	}
-	return b[:i], second, 0
-}
-
-// restName reads the rest of the request as one NUL-terminated name.
-func (q *Queue) restName(in *bufvec.Vec) ([]byte, syscall.Errno) {
-	b, errno := q.rest(in)
-	if errno != 0 {
-		return nil, errno
-	}
-	return oneName(b)
-}
-
 // room reports whether the writable part can hold a reply of n payload
-// bytes; handlers check it before calling the file system, so that an
-// operation (e.g. one that takes a lookup reference) is not carried out
-// when its answer could not be delivered.
+// bytes.
 func room(out *bufvec.Vec, n int) bool { return out.Size() >= OutHeaderSize+n }
-
-// payload returns the small-reply buffer for n bytes after the out header.
-func (q *Queue) payload(n int) []byte { return q.rbuf[OutHeaderSize : OutHeaderSize+n] }
-
-// put copies the reply struct at p (n bytes) into the small-reply buffer.
-func (q *Queue) put(p unsafe.Pointer, n int) int {
-	copy(q.payload(n), unsafe.Slice((*byte)(p), n))
-	return n
-}

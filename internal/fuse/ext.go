@@ -24,14 +24,14 @@ const (
 	extGroups     = 32
 )
 
-// extensions checks the extension area of the request in q.h, records a
+// extensions checks the extension area of the request in q.req, records a
 // supplementary group in q.group, and cuts the area off in, so that the
 // argument decoders see the request as without extensions. An area that is
 // malformed or holds an extension type this server does not know is EINVAL:
 // an unknown extension may change the request's meaning.
 func (q *Queue) extensions(in *bufvec.Vec) syscall.Errno {
 	end := in.Size()
-	n := int(q.h.TotalExtlen) * 8
+	n := int(q.req.TotalExtlen) * 8
 	if n > end-InHeaderSize {
 		return syscall.EINVAL
 	}

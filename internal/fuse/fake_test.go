@@ -69,10 +69,12 @@ func newFakeFS() *fakeFS {
 	}
 }
 
-func (f *fakeFS) record(op string, in any, names []string, args ...uint64) {
+// record records a call and returns the errno every call returns.
+func (f *fakeFS) record(op string, in any, names []string, args ...uint64) syscall.Errno {
 	f.mu.Lock()
 	f.calls = append(f.calls, fsCall{Op: op, In: in, Names: names, Args: args})
 	f.mu.Unlock()
+	return f.errno
 }
 
 func (f *fakeFS) lastCalls() []fsCall {
@@ -94,71 +96,58 @@ func (f *fakeFS) Init(caps uint64)     { f.record("Init", nil, nil, caps) }
 func (f *fakeFS) Destroy()             { f.record("Destroy", nil, nil) }
 
 func (f *fakeFS) Lookup(h *gofuse.InHeader, name []byte, out *gofuse.EntryOut) syscall.Errno {
-	f.record("Lookup", *h, strs(name))
 	*out = f.entry
-	return f.errno
+	return f.record("Lookup", *h, strs(name))
 }
 func (f *fakeFS) Forget(nodeID, nlookup uint64) { f.record("Forget", nil, nil, nodeID, nlookup) }
 func (f *fakeFS) GetAttr(in *gofuse.GetAttrIn, out *gofuse.AttrOut) syscall.Errno {
-	f.record("GetAttr", *in, nil)
 	*out = f.attr
-	return f.errno
+	return f.record("GetAttr", *in, nil)
 }
 func (f *fakeFS) SetAttr(in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
-	f.record("SetAttr", *in, nil)
 	*out = f.attr
-	return f.errno
+	return f.record("SetAttr", *in, nil)
 }
 func (f *fakeFS) Readlink(h *gofuse.InHeader, buf []byte) (int, syscall.Errno) {
 	f.record("Readlink", *h, nil, uint64(len(buf)))
 	return copy(buf, f.link), f.errno
 }
 func (f *fakeFS) Symlink(h *gofuse.InHeader, group uint32, target, name []byte, out *gofuse.EntryOut) syscall.Errno {
-	f.record("Symlink", *h, strs(target, name), uint64(group))
 	*out = f.entry
-	return f.errno
+	return f.record("Symlink", *h, strs(target, name), uint64(group))
 }
 func (f *fakeFS) Mknod(in *gofuse.MknodIn, group uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
-	f.record("Mknod", *in, strs(name), uint64(group))
 	*out = f.entry
-	return f.errno
+	return f.record("Mknod", *in, strs(name), uint64(group))
 }
 func (f *fakeFS) Mkdir(in *gofuse.MkdirIn, group uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
-	f.record("Mkdir", *in, strs(name), uint64(group))
 	*out = f.entry
-	return f.errno
+	return f.record("Mkdir", *in, strs(name), uint64(group))
 }
 func (f *fakeFS) Unlink(h *gofuse.InHeader, name []byte) syscall.Errno {
-	f.record("Unlink", *h, strs(name))
-	return f.errno
+	return f.record("Unlink", *h, strs(name))
 }
 func (f *fakeFS) Rmdir(h *gofuse.InHeader, name []byte) syscall.Errno {
-	f.record("Rmdir", *h, strs(name))
-	return f.errno
+	return f.record("Rmdir", *h, strs(name))
 }
 func (f *fakeFS) Rename(h *gofuse.InHeader, newDir uint64, flags uint32, oldName, newName []byte) syscall.Errno {
-	f.record("Rename", *h, strs(oldName, newName), newDir, uint64(flags))
-	return f.errno
+	return f.record("Rename", *h, strs(oldName, newName), newDir, uint64(flags))
 }
 func (f *fakeFS) Link(in *gofuse.LinkIn, name []byte, out *gofuse.EntryOut) syscall.Errno {
-	f.record("Link", *in, strs(name))
 	*out = f.entry
-	return f.errno
+	return f.record("Link", *in, strs(name))
 }
 func (f *fakeFS) Open(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno {
-	f.record("Open", *in, nil)
 	*out = f.open
-	return f.errno
+	return f.record("Open", *in, nil)
 }
 func (f *fakeFS) Create(in *gofuse.CreateIn, group uint32, name []byte, out *gofuse.CreateOut) syscall.Errno {
-	f.record("Create", *in, strs(name), uint64(group))
 	out.EntryOut, out.OpenOut = f.entry, f.open
-	return f.errno
+	return f.record("Create", *in, strs(name), uint64(group))
 }
 func (f *fakeFS) Tmpfile(in *gofuse.CreateIn, group uint32, out *gofuse.CreateOut) syscall.Errno {
-	f.record("Tmpfile", *in, nil, uint64(group))
 	out.EntryOut, out.OpenOut = f.entry, f.open
-	return f.errno
+	return f.record("Tmpfile", *in, nil, uint64(group))
 }
 func (f *fakeFS) Read(in *gofuse.ReadIn, dst *bufvec.Vec) (int, syscall.Errno) {
 	f.record("Read", *in, nil)
@@ -189,32 +178,23 @@ func (f *fakeFS) Write(in *gofuse.WriteIn, src *bufvec.Vec) (int, syscall.Errno)
 	}
 	return int(in.Size), 0
 }
-func (f *fakeFS) Flush(in *gofuse.FlushIn) syscall.Errno {
-	f.record("Flush", *in, nil)
-	return f.errno
-}
-func (f *fakeFS) Release(in *gofuse.ReleaseIn) { f.record("Release", *in, nil) }
-func (f *fakeFS) Fsync(in *gofuse.FsyncIn) syscall.Errno {
-	f.record("Fsync", *in, nil)
-	return f.errno
-}
+func (f *fakeFS) Flush(in *gofuse.FlushIn) syscall.Errno { return f.record("Flush", *in, nil) }
+func (f *fakeFS) Release(in *gofuse.ReleaseIn)           { f.record("Release", *in, nil) }
+func (f *fakeFS) Fsync(in *gofuse.FsyncIn) syscall.Errno { return f.record("Fsync", *in, nil) }
 func (f *fakeFS) Fallocate(in *gofuse.FallocateIn) syscall.Errno {
-	f.record("Fallocate", *in, nil)
-	return f.errno
+	return f.record("Fallocate", *in, nil)
 }
 func (f *fakeFS) Lseek(in *gofuse.LseekIn, out *gofuse.LseekOut) syscall.Errno {
-	f.record("Lseek", *in, nil)
 	*out = f.lseek
-	return f.errno
+	return f.record("Lseek", *in, nil)
 }
 func (f *fakeFS) CopyFileRange(in *gofuse.CopyFileRangeIn) (uint32, syscall.Errno) {
 	f.record("CopyFileRange", *in, nil)
 	return f.copied, f.errno
 }
 func (f *fakeFS) OpenDir(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno {
-	f.record("OpenDir", *in, nil)
 	*out = f.open
-	return f.errno
+	return f.record("OpenDir", *in, nil)
 }
 func (f *fakeFS) ReadDir(in *gofuse.ReadIn, plus bool, emit func(name []byte, ino uint64, typ uint32, off uint64) (*gofuse.EntryOut, bool)) syscall.Errno {
 	var p uint64
@@ -246,32 +226,22 @@ func (f *fakeFS) ReadDir(in *gofuse.ReadIn, plus bool, emit func(name []byte, in
 	}
 	return f.errno
 }
-func (f *fakeFS) ReleaseDir(in *gofuse.ReleaseIn) { f.record("ReleaseDir", *in, nil) }
-func (f *fakeFS) FsyncDir(in *gofuse.FsyncIn) syscall.Errno {
-	f.record("FsyncDir", *in, nil)
-	return f.errno
-}
+func (f *fakeFS) ReleaseDir(in *gofuse.ReleaseIn)           { f.record("ReleaseDir", *in, nil) }
+func (f *fakeFS) FsyncDir(in *gofuse.FsyncIn) syscall.Errno { return f.record("FsyncDir", *in, nil) }
 func (f *fakeFS) StatFs(h *gofuse.InHeader, out *gofuse.StatfsOut) syscall.Errno {
-	f.record("StatFs", *h, nil)
 	*out = f.statfs
-	return f.errno
+	return f.record("StatFs", *h, nil)
 }
-func (f *fakeFS) Access(in *gofuse.AccessIn) syscall.Errno {
-	f.record("Access", *in, nil)
-	return f.errno
-}
+func (f *fakeFS) Access(in *gofuse.AccessIn) syscall.Errno { return f.record("Access", *in, nil) }
 func (f *fakeFS) SyncFs(h *gofuse.InHeader) syscall.Errno {
-	f.record("SyncFs", *h, nil)
-	return f.errno
+	return f.record("SyncFs", *h, nil)
 }
 func (f *fakeFS) Statx(in *gofuse.StatxIn, out *gofuse.StatxOut) syscall.Errno {
-	f.record("Statx", *in, nil)
 	*out = f.statx
-	return f.errno
+	return f.record("Statx", *in, nil)
 }
 func (f *fakeFS) SetXAttr(in *gofuse.SetXAttrIn, name, value []byte) syscall.Errno {
-	f.record("SetXAttr", *in, strs(name, value))
-	return f.errno
+	return f.record("SetXAttr", *in, strs(name, value))
 }
 func (f *fakeFS) GetXAttr(h *gofuse.InHeader, name []byte, dst []byte) (int, syscall.Errno) {
 	f.record("GetXAttr", *h, strs(name), uint64(len(dst)))
@@ -295,21 +265,18 @@ func xattrCopy(dst, v []byte, errno syscall.Errno) (int, syscall.Errno) {
 	return copy(dst, v), 0
 }
 func (f *fakeFS) RemoveXAttr(h *gofuse.InHeader, name []byte) syscall.Errno {
-	f.record("RemoveXAttr", *h, strs(name))
-	return f.errno
+	return f.record("RemoveXAttr", *h, strs(name))
 }
 func (f *fakeFS) GetLk(in *gofuse.LkIn, out *gofuse.LkOut) syscall.Errno {
-	f.record("GetLk", *in, nil)
 	*out = f.lk
-	return f.errno
+	return f.record("GetLk", *in, nil)
 }
 func (f *fakeFS) SetLk(in *gofuse.LkIn, wait bool) syscall.Errno {
 	var w uint64
 	if wait {
 		w = 1
 	}
-	f.record("SetLk", *in, nil, w)
-	return f.errno
+	return f.record("SetLk", *in, nil, w)
 }
 
 var _ FileSystem = (*fakeFS)(nil)

@@ -127,17 +127,10 @@ func replyBytes(unique uint64, errno int32, payload []byte) []byte {
 	return append(b, payload...)
 }
 
-// kernelInitFlags is what a Linux 6.1 guest offers (flags; flags2 =
-// SECURITY_CTX... are in kernelInitFlags2).
-const kernelInitFlags = gofuse.CAP_ASYNC_READ | gofuse.CAP_POSIX_LOCKS | gofuse.CAP_ATOMIC_O_TRUNC |
-	gofuse.CAP_EXPORT_SUPPORT | gofuse.CAP_BIG_WRITES | gofuse.CAP_DONT_MASK | gofuse.CAP_SPLICE_WRITE |
-	gofuse.CAP_SPLICE_MOVE | gofuse.CAP_SPLICE_READ | gofuse.CAP_FLOCK_LOCKS | gofuse.CAP_IOCTL_DIR |
-	gofuse.CAP_AUTO_INVAL_DATA | gofuse.CAP_READDIRPLUS | gofuse.CAP_READDIRPLUS_AUTO | gofuse.CAP_ASYNC_DIO |
-	gofuse.CAP_WRITEBACK_CACHE | gofuse.CAP_NO_OPEN_SUPPORT | gofuse.CAP_PARALLEL_DIROPS |
-	gofuse.CAP_HANDLE_KILLPRIV | gofuse.CAP_POSIX_ACL | gofuse.CAP_ABORT_ERROR | gofuse.CAP_MAX_PAGES |
-	gofuse.CAP_CACHE_SYMLINKS | gofuse.CAP_NO_OPENDIR_SUPPORT | gofuse.CAP_EXPLICIT_INVAL_DATA |
-	gofuse.CAP_MAP_ALIGNMENT | gofuse.CAP_SUBMOUNTS | gofuse.CAP_HANDLE_KILLPRIV_V2 | gofuse.CAP_SETXATTR_EXT |
-	gofuse.CAP_INIT_EXT
+// kernelInitFlags is what a Linux 6.1 guest with a DAX window offers in
+// flags: what 6.12 offers without one (linuxInitFlags), and MAP_ALIGNMENT
+// (flags2 = SECURITY_CTX... are in kernelInitFlags2).
+const kernelInitFlags = uint32(linuxInitFlags&flagsBits | gofuse.CAP_MAP_ALIGNMENT)
 
 const kernelInitFlags2 = uint32((gofuse.CAP_SECURITY_CTX | gofuse.CAP_HAS_INODE_DAX | gofuse.CAP_CREATE_SUPP_GROUP |
 	gofuse.CAP_HAS_EXPIRE_ONLY | gofuse.CAP_DIRECT_IO_ALLOW_MMAP) >> 32)

@@ -1,8 +1,8 @@
 package fuse
 
 import (
+	"strconv"
 	"syscall"
-	"unsafe"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 
@@ -30,32 +30,19 @@ const (
 		gofuse.CAP_IOCTL_DIR | gofuse.CAP_MAP_ALIGNMENT
 )
 
-func (q *Queue) doInit(in, out *bufvec.Vec) (int, syscall.Errno) {
-	a := &q.a.init
-	// fuse_init_in is 16 bytes before 7.36 and 64 from then on.
-	n := in.Len()
-	if n < initInOldSize {
-		return 0, syscall.EINVAL
-	}
-	if errno := q.readArgs(in, unsafe.Pointer(a), uintptr(min(n, initInSize)), unsafe.Sizeof(*a)); errno != 0 {
-		return 0, errno
-	}
-	if !room(out, initOutSize) {
-		return 0, syscall.EINVAL
-	}
-	o := &q.o.init
-	*o = gofuse.InitOut{}
+func (q *Queue) doInit(_, _ *bufvec.Vec) syscall.Errno {
+	a, o := argsOf[gofuse.InitIn](q), replyOf[gofuse.InitOut](q)
 	switch {
 	case a.Major > KernelVersion:
 		// The guest sends INIT again with our major version.
 		o.Major, o.Minor = KernelVersion, KernelMinor
-		return q.put(unsafe.Pointer(o), initOutSize), 0
+		return 0
 	case a.Major < KernelVersion || a.Minor < MinKernelMinor:
 		if q.rateLimit() {
 			q.s.log.Warn("unsupported FUSE protocol version", "queue", q.index,
 				"major", a.Major, "minor", a.Minor, "need", "7.27")
 		}
-		return 0, syscall.EPROTO
+		return syscall.EPROTO
 	}
 	offered := uint64(a.Flags)
 	if a.Flags&gofuse.CAP_INIT_EXT != 0 {
@@ -89,32 +76,19 @@ func (q *Queue) doInit(in, out *bufvec.Vec) (int, syscall.Errno) {
 	s.log.Info("FUSE session started", "queue", q.index, "client", versionString(a.Major, a.Minor),
 		"negotiated", versionString(KernelVersion, minor), "flags", caps, "max_write", o.MaxWrite,
 		"max_readahead", o.MaxReadAhead)
-	return q.put(unsafe.Pointer(o), initOutSize), 0
+	return 0
 }
 
-func (q *Queue) doDestroy() (int, syscall.Errno) {
+func (q *Queue) doDestroy(_, _ *bufvec.Vec) syscall.Errno {
 	s := q.s
 	s.mu.Lock()
 	s.sess.Store(nil)
 	s.fs.Destroy()
 	s.mu.Unlock()
 	s.log.Info("FUSE session ended", "queue", q.index)
-	return 0, 0
+	return 0
 }
 
 func versionString(major, minor uint32) string {
-	return uitoa(major) + "." + uitoa(minor)
-}
-
-func uitoa(v uint32) string {
-	var b [10]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + v%10)
-		v /= 10
-		if v == 0 {
-			return string(b[i:])
-		}
-	}
+	return strconv.FormatUint(uint64(major), 10) + "." + strconv.FormatUint(uint64(minor), 10)
 }

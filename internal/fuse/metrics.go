@@ -25,10 +25,6 @@ var latencyBounds = [...]time.Duration{
 	time.Second,
 }
 
-// numOps is one past the highest opcode counted by name; higher opcodes
-// are counted together as "unknown" (index 0, which no opcode uses).
-const numOps = OpStatx + 1
-
 type opStats struct {
 	count   atomic.Uint64
 	errors  atomic.Uint64
@@ -36,15 +32,18 @@ type opStats struct {
 	buckets [len(latencyBounds) + 1]atomic.Uint64 // the last is +Inf
 }
 
+// queueStats counts by opcode up to numOps; higher opcodes are counted
+// together as "unknown" (index 0, which no opcode uses).
 type queueStats struct {
 	ops          [numOps]opStats
 	bytesRead    atomic.Uint64 // READ payload returned to the guest
 	bytesWritten atomic.Uint64 // WRITE payload the host accepted
 }
 
-// record counts one request. errno is its answer (0, or noReply for
-// requests without one); n the data bytes it moved.
-func (st *queueStats) record(op uint32, errno syscall.Errno, d time.Duration, n int) {
+// record counts one request of opcode op, flags its entry's. errno is its
+// answer (0, or noReply for requests without one); moved the file data it
+// moved.
+func (st *queueStats) record(op uint32, flags opFlags, errno syscall.Errno, d time.Duration, moved int) {
 	if op >= numOps {
 		op = 0
 	}
@@ -59,11 +58,11 @@ func (st *queueStats) record(op uint32, errno syscall.Errno, d time.Duration, n 
 		b++
 	}
 	o.buckets[b].Add(1)
-	switch op {
-	case OpRead:
-		st.bytesRead.Add(uint64(n))
-	case OpWrite:
-		st.bytesWritten.Add(uint64(n))
+	switch {
+	case flags&readsFile != 0:
+		st.bytesRead.Add(uint64(moved))
+	case flags&writesFile != 0:
+		st.bytesWritten.Add(uint64(moved))
 	}
 }
 

@@ -119,17 +119,15 @@ func (e *dirEncoder) write(reclen int) bool {
 	return true
 }
 
-func (q *Queue) doReaddir(in, out *bufvec.Vec) (int, syscall.Errno) {
-	a := &q.a.read
-	if errno := q.readArgs(in, unsafe.Pointer(a), readInSize, unsafe.Sizeof(*a)); errno != 0 {
-		return 0, errno
-	}
+// doReaddir serves READDIR and READDIRPLUS.
+func (q *Queue) doReaddir(_, out *bufvec.Vec) syscall.Errno {
+	a := argsOf[gofuse.ReadIn](q)
 	if err := out.Seek(OutHeaderSize); err != nil {
-		return 0, syscall.EINVAL
+		return syscall.EINVAL
 	}
 	e := &q.rd
 	e.out = out
-	e.plus = q.h.Opcode == OpReaddirplus
+	e.plus = q.req.Opcode == OpReaddirplus
 	e.limit = int(min(uint64(a.Size), uint64(out.Len())))
 	e.used, e.written, e.err, e.pending, e.drop = 0, 0, 0, false, 0
 	errno := q.s.fs.ReadDir(a, e.plus, e.emit)
@@ -141,14 +139,14 @@ func (q *Queue) doReaddir(in, out *bufvec.Vec) (int, syscall.Errno) {
 	}
 	if e.written == 0 {
 		if errno != 0 {
-			return 0, errno
+			return errno
 		}
 		if e.err != 0 {
-			return 0, e.err
+			return e.err
 		}
 	}
 	// Entries already encoded are delivered even if listing stopped
 	// with an error: their lookup references are the guest's now.
-	q.direct = true
-	return e.written, 0
+	q.n, q.direct = e.written, true
+	return 0
 }

@@ -5,9 +5,12 @@
 //
 // Every length the guest states is checked against what the chain really
 // holds; names must be NUL-terminated within the request. Errors are
-// answered with an errno, never a panic. Each ring has its own Queue with
-// preallocated scratch space, so READ, WRITE and GETATTR allocate nothing and
-// no lock is shared by the queues on the request path.
+// answered with an errno, never a panic. Each goroutine serving a ring has
+// its own Queue with preallocated scratch space, so READ, WRITE and GETATTR
+// allocate nothing and no lock is shared by the queues on the request path.
+//
+// What the server knows of each opcode (sizes, names, whether it replies,
+// how it is scheduled, its handler) is one entry of the table in opcode.go.
 package fuse
 
 import (
@@ -110,70 +113,45 @@ func NewServer(fs FileSystem, opts ServerOptions, log *slog.Logger) *Server {
 	return &Server{fs: fs, opts: opts, log: log, debug: log.Enabled(context.Background(), slog.LevelDebug)}
 }
 
-// Queue is the per-ring request handler; it owns the ring's scratch space.
-// Its Serve must not be called concurrently.
+// Queue serves requests for one goroutine serving ring index (the back end
+// makes one per such goroutine, so a ring has several); it owns that
+// goroutine's scratch space. Its Serve must not be called concurrently.
 type Queue struct {
 	s     *Server
 	index int
 
-	h      gofuse.InHeader
-	rbuf   [replyBufSize]byte // out header + small reply payload
-	direct bool               // the reply payload was written straight into out
-	a      args               // decoded request arguments
-	o      outs               // reply structs the file system fills in
-	names  []byte             // copies of names (and SETXATTR values)
-	dbuf   []byte             // GETXATTR/LISTXATTR/READLINK replies not contiguous in out
+	req  request  // the request's header and fixed arguments
+	sess *session // the session the request is served in (not for INIT)
+	// name and name2 are the request's names (readNames), copies in names.
+	name, name2 []byte
+	// group is the supplementary group the request's extensions carry,
+	// NoGroup without one.
+	group uint32
+
+	// rbuf is the out header, then a fixed reply's payload, which the file
+	// system fills in place as a go-fuse struct: [0]uint64 aligns it.
+	_      [0]uint64
+	rbuf   [replyBufSize]byte
+	n      int  // the reply payload's length
+	direct bool // the reply payload was written straight into out
+
+	names  []byte // copies of names (and SETXATTR values)
+	dbuf   []byte // GETXATTR/LISTXATTR/READLINK replies not contiguous in out
 	rd     dirEncoder
 	forget [16]byte
 	warned uint64      // rate limit for warnings
 	st     *queueStats // nil with metrics off
-	// group is the supplementary group the request's extensions carry,
-	// NoGroup without one.
-	group uint32
 }
 
-// replyBufSize holds the largest fixed-size reply (fuse_statx_out, 288 B).
-const replyBufSize = 512
+// replyBufSize holds the largest fixed-size reply (fuse_statx_out, 288 B);
+// smallReply all but CREATE's and STATX's.
+const (
+	replyBufSize = 512
+	smallReply   = entryOutSize
+)
 
-type args struct {
-	init     gofuse.InitIn
-	forget   gofuse.ForgetIn
-	getattr  gofuse.GetAttrIn
-	setattr  gofuse.SetAttrIn
-	mknod    gofuse.MknodIn
-	mkdir    gofuse.MkdirIn
-	rename   gofuse.RenameIn
-	link     gofuse.LinkIn
-	open     gofuse.OpenIn
-	create   gofuse.CreateIn
-	read     gofuse.ReadIn
-	write    gofuse.WriteIn
-	release  gofuse.ReleaseIn
-	fsync    gofuse.FsyncIn
-	flush    gofuse.FlushIn
-	setxattr gofuse.SetXAttrIn
-	getxattr gofuse.GetXAttrIn
-	lk       gofuse.LkIn
-	access   gofuse.AccessIn
-	falloc   gofuse.FallocateIn
-	lseek    gofuse.LseekIn
-	copy     gofuse.CopyFileRangeIn
-	statx    gofuse.StatxIn
-}
-
-type outs struct {
-	entry  gofuse.EntryOut
-	attr   gofuse.AttrOut
-	open   gofuse.OpenOut
-	create gofuse.CreateOut
-	statfs gofuse.StatfsOut
-	lk     gofuse.LkOut
-	lseek  gofuse.LseekOut
-	statx  gofuse.StatxOut
-	init   gofuse.InitOut
-}
-
-// Queue returns the handler for ring index.
+// Queue returns a request handler for ring index. The back end asks for one
+// per goroutine that serves the ring.
 func (s *Server) Queue(index int) *Queue {
 	q := &Queue{s: s, index: index, names: make([]byte, 0, initialNameBuf), st: s.newStats()}
 	q.rd.init(q)
@@ -190,30 +168,30 @@ func (q *Queue) Serve(in, out *bufvec.Vec) uint32 {
 	if q.s.debug || q.st != nil {
 		start = time.Now()
 	}
-	hb := unsafe.Slice((*byte)(unsafe.Pointer(&q.h)), InHeaderSize)
-	if err := in.ReadFull(hb); err != nil {
+	h := &q.req.InHeader
+	if err := in.ReadFull(unsafe.Slice((*byte)(unsafe.Pointer(h)), InHeaderSize)); err != nil {
 		if q.rateLimit() {
 			q.s.log.Warn("request without a complete fuse_in_header", "queue", q.index, "readable", in.Size(), "err", err)
 		}
 		return 0
 	}
-	q.direct = false
-	n, errno := q.dispatch(in, out)
+	op := lookup(h.Opcode)
+	errno := q.dispatch(op, in, out)
 	var written uint32
 	if errno != noReply {
-		written = q.reply(out, n, errno)
+		written = q.reply(out, errno)
 	}
 	if q.st != nil {
-		q.st.record(q.h.Opcode, errno, time.Since(start), q.moved(n, errno))
+		q.st.record(h.Opcode, op.flags, errno, time.Since(start), q.moved(op, errno))
 	}
 	if q.s.debug {
 		e := -int32(errno)
 		if errno == noReply {
 			e = 0
 		}
-		attrs := []any{"queue", q.index, "unique", q.h.Unique, "opcode", OpName(q.h.Opcode),
-			"nodeid", q.h.NodeId, "len", q.h.Length, "error", e, "latency", time.Since(start)}
-		if entry := q.entryGiven(errno); entry != 0 {
+		attrs := []any{"queue", q.index, "unique", h.Unique, "opcode", OpName(h.Opcode),
+			"nodeid", h.NodeId, "len", h.Length, "error", e, "latency", time.Since(start)}
+		if entry := q.entryGiven(op, errno); entry != 0 {
 			// The node id handed out: with nodeid, every id the guest
 			// can hold appears in the log (READDIRPLUS's aside).
 			attrs = append(attrs, "entry", entry)
@@ -223,47 +201,114 @@ func (q *Queue) Serve(in, out *bufvec.Vec) uint32 {
 	return written
 }
 
-// entryGiven is the node id a successful request handed the guest (LOOKUP,
-// MKNOD, MKDIR, SYMLINK, LINK, CREATE, TMPFILE), 0 for other requests.
-func (q *Queue) entryGiven(errno syscall.Errno) uint64 {
-	if errno != 0 {
-		return 0
+// dispatch serves the request in q.req, of opcode entry op, and returns its
+// answer: 0 (the payload's length in q.n), an errno, or noReply.
+func (q *Queue) dispatch(op *opcode, in, out *bufvec.Vec) syscall.Errno {
+	q.n, q.direct = 0, false
+	errno := q.decode(op, in, out)
+	if errno == 0 {
+		errno = op.serve(q, in, out)
 	}
-	switch q.h.Opcode {
-	case OpLookup, OpMknod, OpMkdir, OpSymlink, OpLink:
-		return q.o.entry.NodeId
-	case OpCreate, OpTmpfile:
-		return q.o.create.NodeId
+	if op.flags&silent != 0 {
+		return noReply
+	}
+	return errno
+}
+
+// decode does what every opcode needs before its handler: it checks the
+// request's length and extensions, that there is room for a reply and a
+// session, reads the fixed arguments and the names, and checks the room for
+// a fixed reply payload, which it zeroes.
+func (q *Queue) decode(op *opcode, in, out *bufvec.Vec) syscall.Errno {
+	h := &q.req.InHeader
+	q.group = NoGroup
+	if int(h.Length) != in.Size() {
+		// The header's length must describe exactly what the chain
+		// holds.
+		return syscall.EINVAL
+	}
+	if h.TotalExtlen != 0 {
+		if errno := q.extensions(in); errno != 0 {
+			return errno
+		}
+	}
+	if out.Size() < OutHeaderSize && op.flags&silent == 0 {
+		if q.rateLimit() {
+			q.s.log.Warn("request without room for a reply", "queue", q.index, "unique", h.Unique,
+				"opcode", OpName(h.Opcode), "writable", out.Size())
+		}
+		return noReply
+	}
+	if op.flags&startsSession == 0 {
+		if q.sess = q.s.sess.Load(); q.sess == nil {
+			return syscall.EIO
+		}
+	}
+	if op.serve == nil {
+		return syscall.ENOSYS
+	}
+	n := int(op.in)
+	if op.inFor != nil {
+		n = op.inFor(q, in)
+	}
+	if errno := q.readArgs(in, n); errno != 0 {
+		return errno
+	}
+	if op.names != noNames {
+		if errno := q.readNames(in, op.names); errno != 0 {
+			return errno
+		}
+	}
+	if op.out != 0 {
+		if !room(out, int(op.out)) {
+			return syscall.EINVAL
+		}
+		q.n = int(op.out)
+		if q.n <= smallReply {
+			// A few stores, where clear of a length known only now is a call.
+			*(*[smallReply]byte)(q.rbuf[OutHeaderSize:]) = [smallReply]byte{}
+		} else {
+			clear(q.rbuf[OutHeaderSize : OutHeaderSize+q.n])
+		}
 	}
 	return 0
 }
 
-// moved is the data a served READ or WRITE moved: the READ reply's payload,
-// the count in the WRITE reply.
-func (q *Queue) moved(n int, errno syscall.Errno) int {
-	if errno != 0 {
+// entryGiven is the node id a successful request handed the guest (an
+// opcode that givesNode), 0 for other requests.
+func (q *Queue) entryGiven(op *opcode, errno syscall.Errno) uint64 {
+	if errno != 0 || op.flags&givesNode == 0 {
 		return 0
 	}
-	switch q.h.Opcode {
-	case OpRead:
-		return n
-	case OpWrite:
-		return int(binary.LittleEndian.Uint32(q.rbuf[OutHeaderSize:]))
+	return replyOf[gofuse.EntryOut](q).NodeId
+}
+
+// moved is the file data a served READ or WRITE moved: the READ reply's
+// payload, the count in the WRITE reply.
+func (q *Queue) moved(op *opcode, errno syscall.Errno) int {
+	switch {
+	case errno != 0:
+		return 0
+	case op.flags&readsFile != 0:
+		return q.n
+	case op.flags&writesFile != 0:
+		return int(replyOf[gofuse.WriteOut](q).Size)
 	}
 	return 0
 }
 
-// reply writes the out header and, on success, the payload of n bytes
+// reply writes the out header and, on success, the payload of q.n bytes
 // (already in out when q.direct, else in q.rbuf after the header). It
 // returns the reply's size, or 0 when the writable part cannot hold it.
-func (q *Queue) reply(out *bufvec.Vec, n int, errno syscall.Errno) uint32 {
+func (q *Queue) reply(out *bufvec.Vec, errno syscall.Errno) uint32 {
+	n := q.n
 	if errno != 0 {
 		n = 0
 	}
 	total := OutHeaderSize + n
 	binary.LittleEndian.PutUint32(q.rbuf[0:], uint32(total))
 	binary.LittleEndian.PutUint32(q.rbuf[4:], uint32(-int32(errno)))
-	binary.LittleEndian.PutUint64(q.rbuf[8:], q.h.Unique)
+	binary.LittleEndian.PutUint64(q.rbuf[8:], q.req.Unique)
 	var err error
 	if q.direct && errno == 0 {
 		err = out.WriteAt(q.rbuf[:OutHeaderSize], 0)
@@ -272,8 +317,8 @@ func (q *Queue) reply(out *bufvec.Vec, n int, errno syscall.Errno) uint32 {
 	}
 	if err != nil {
 		if q.rateLimit() {
-			q.s.log.Warn("no room for the reply", "queue", q.index, "unique", q.h.Unique,
-				"opcode", OpName(q.h.Opcode), "reply", total, "writable", out.Size(), "err", err)
+			q.s.log.Warn("no room for the reply", "queue", q.index, "unique", q.req.Unique,
+				"opcode", OpName(q.req.Opcode), "reply", total, "writable", out.Size(), "err", err)
 		}
 		return 0
 	}
@@ -287,159 +332,38 @@ func (q *Queue) rateLimit() bool {
 	return q.warned&(q.warned-1) == 0
 }
 
-// noReplyOp reports whether op is answered with nothing.
-func noReplyOp(op uint32) bool {
-	switch op {
-	case OpForget, OpBatchForget, OpInterrupt, OpNotifyReply:
-		return true
-	}
-	return false
-}
-
-func (q *Queue) dispatch(in, out *bufvec.Vec) (int, syscall.Errno) {
-	h := &q.h
-	q.group = NoGroup
-	if int(h.Length) != in.Size() {
-		// The header's length must describe exactly what the chain
-		// holds.
-		if noReplyOp(h.Opcode) {
-			return 0, noReply
-		}
-		return 0, syscall.EINVAL
-	}
-	if h.TotalExtlen != 0 {
-		if errno := q.extensions(in); errno != 0 {
-			if noReplyOp(h.Opcode) {
-				return 0, noReply
-			}
-			return 0, errno
-		}
-	}
-	if out.Size() < OutHeaderSize && !noReplyOp(h.Opcode) {
-		if q.rateLimit() {
-			q.s.log.Warn("request without room for a reply", "queue", q.index, "unique", h.Unique,
-				"opcode", OpName(h.Opcode), "writable", out.Size())
-		}
-		return 0, noReply
-	}
-	if h.Opcode == OpInit {
-		return q.doInit(in, out)
-	}
-	sess := q.s.sess.Load()
-	if sess == nil {
-		if noReplyOp(h.Opcode) {
-			return 0, noReply
-		}
-		return 0, syscall.EIO
-	}
-	switch h.Opcode {
-	case OpRead:
-		return q.doRead(in, out)
-	case OpWrite:
-		return q.doWrite(in, out, sess)
-	case OpGetattr:
-		return q.doGetattr(in, out)
-	case OpLookup:
-		return q.doLookup(in, out)
-	case OpForget:
-		return q.doForget(in)
-	case OpBatchForget:
-		return q.doBatchForget(in)
-	case OpSetattr:
-		return q.doSetattr(in, out)
-	case OpReadlink:
-		return q.doReadlink(out)
-	case OpSymlink:
-		return q.doSymlink(in, out)
-	case OpMknod:
-		return q.doMknod(in, out)
-	case OpMkdir:
-		return q.doMkdir(in, out)
-	case OpUnlink, OpRmdir:
-		return q.doUnlink(in)
-	case OpRename, OpRename2:
-		return q.doRename(in)
-	case OpLink:
-		return q.doLink(in, out)
-	case OpOpen, OpOpendir:
-		return q.doOpen(in, out)
-	case OpCreate, OpTmpfile:
-		return q.doCreate(in, out)
-	case OpFlush:
-		return q.doFlush(in)
-	case OpRelease, OpReleasedir:
-		return q.doRelease(in)
-	case OpFsync, OpFsyncdir:
-		return q.doFsync(in)
-	case OpReaddir, OpReaddirplus:
-		return q.doReaddir(in, out)
-	case OpStatfs:
-		return q.doStatfs(out)
-	case OpAccess:
-		return q.doAccess(in)
-	case OpSetxattr:
-		return q.doSetxattr(in, sess)
-	case OpGetxattr, OpListxattr:
-		return q.doGetxattr(in, out)
-	case OpRemovexattr:
-		return q.doRemovexattr(in)
-	case OpFallocate:
-		return q.doFallocate(in)
-	case OpLseek:
-		return q.doLseek(in, out)
-	case OpCopyFileRange:
-		return q.doCopyFileRange(in, out)
-	case OpSyncfs:
-		return q.doSyncfs(in)
-	case OpStatx:
-		return q.doStatx(in, out)
-	case OpGetlk:
-		return q.doGetlk(in, out)
-	case OpSetlk, OpSetlkw:
-		return q.doSetlk(in)
-	case OpDestroy:
-		return q.doDestroy()
-	case OpInterrupt, OpNotifyReply:
-		// The guest never waits for an INTERRUPT answer and we send
-		// no notifications to be replied to.
-		return 0, noReply
-	}
-	// IOCTL, BMAP, POLL, SETUPMAPPING, REMOVEMAPPING and unknown
-	// opcodes.
-	return 0, syscall.ENOSYS
-}
-
 // heavyBytes is the size from which a READ or WRITE is worth a second
 // core: below it the syscall costs about as much as waking another server,
 // and serving it on the current one keeps small I/O on one core.
 const heavyBytes = 32 << 10
 
 // Classify tells the ring's servers how to schedule the request in (not yet
-// consumed): heavy for a large READ or WRITE, and for a large WRITE the node
-// it writes, so writes to one file are not served side by side only to
-// contend for its lock; slow for a request whose cost is the host's storage
-// whatever its size (FSYNC, FSYNCDIR, FLUSH, FALLOCATE, COPY_FILE_RANGE,
-// SYNCFS), so replies already pushed are not held back behind it. It only
-// peeks: the cursor is left at the start, and Serve validates everything
-// again.
+// consumed), from its opcode's entry: heavy for a large READ or WRITE, and
+// for a large WRITE the node it writes, so writes to one file are not
+// served side by side only to contend for its lock; slow for a
+// storageBound request, so replies already pushed are not held back behind
+// it. It only peeks: the cursor is left at the start, and Serve validates
+// everything again.
 func (q *Queue) Classify(in *bufvec.Vec) (heavy bool, writeNode uint64, slow bool) {
 	var b [InHeaderSize + 24]byte // fuse_in_header, then fh, offset, size
 	defer in.Rewind()
 	if in.Pos() != 0 || in.ReadFull(b[:InHeaderSize]) != nil {
 		return false, 0, false
 	}
-	switch binary.LittleEndian.Uint32(b[4:]) {
-	case OpWrite:
+	flags := lookup(binary.LittleEndian.Uint32(b[4:])).flags
+	switch {
+	case flags&storageBound != 0:
+		return false, 0, true
+	case flags&writesFile != 0:
+		// The data follows the arguments: the header's length tells.
 		if binary.LittleEndian.Uint32(b[0:]) >= heavyBytes {
 			return true, binary.LittleEndian.Uint64(b[16:]), false // nodeid
 		}
-	case OpRead:
+	case flags&readsFile != 0:
 		if in.ReadFull(b[InHeaderSize:]) != nil {
 			return false, 0, false
 		}
 		return binary.LittleEndian.Uint32(b[InHeaderSize+16:]) >= heavyBytes, 0, false
-	case OpFsync, OpFsyncdir, OpFlush, OpFallocate, OpCopyFileRange, OpSyncfs:
-		return false, 0, true
 	}
 	return false, 0, false
 }

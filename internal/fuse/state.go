@@ -173,18 +173,28 @@ func (s *Server) LogAll(on bool) {
 // the file system's state, with the session INIT negotiated. Call it with
 // every ring stopped (no request runs).
 func (s *Server) SaveState(w io.Writer) error {
-	m, ok := s.fs.(MigratableFileSystem)
-	if !ok {
-		return ErrNotMigratable
+	m, err := s.lockMigratable()
+	if err != nil {
+		return err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	ss := s.sess.Load()
 	s.warnRust(ss)
-	if err := m.SaveState(w, encodeSession(ss)); err != nil {
+	if err = m.SaveState(w, encodeSession(ss)); err != nil {
 		return fmt.Errorf("save migration state: %w", err)
 	}
 	return nil
+}
+
+// lockMigratable returns the file system as a MigratableFileSystem with
+// s.mu held, for the caller to unlock, or ErrNotMigratable.
+func (s *Server) lockMigratable() (MigratableFileSystem, error) {
+	m, ok := s.fs.(MigratableFileSystem)
+	if !ok {
+		return nil, ErrNotMigratable
+	}
+	s.mu.Lock()
+	return m, nil
 }
 
 func encodeSession(ss *session) []byte {
@@ -258,15 +268,14 @@ func capNames(c uint64) string {
 // the server had. Call it before any ring runs. On error nothing is
 // installed: the server and the file system stay as they were.
 func (s *Server) LoadState(r io.Reader) error {
-	m, ok := s.fs.(MigratableFileSystem)
-	if !ok {
-		return ErrNotMigratable
+	m, err := s.lockMigratable()
+	if err != nil {
+		return err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	var ss *session
 	rust := false
-	err := m.LoadState(r, func(rec []byte, mounted bool, negotiated uint64) (uint64, error) {
+	err = m.LoadState(r, func(rec []byte, mounted bool, negotiated uint64) (uint64, error) {
 		var err error
 		if rec == nil {
 			rust = true
