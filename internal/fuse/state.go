@@ -15,7 +15,7 @@ import (
 // daemon that never saw INIT, loads it before any ring runs, and then
 // serves the guest's FUSE session, which sends no new INIT.
 //
-// The stream is the file system's (internal/passthrough/stateenc.go): the
+// The stream is the file system's (internal/passthrough/migstate/stream.go): the
 // Rust virtiofsd's message, which a Rust destination loads, then our
 // trailer. The server owns one record in it, the session INIT negotiated,
 // which it hands to MigratableFileSystem.SaveState as opaque bytes and gets
