@@ -119,6 +119,9 @@ fuzz-short:
 # for the tmpfs share and the other daemons' namespace sandboxes; about 7
 # minutes). BENCHFLAGS are passed to it, e.g.
 # BENCHFLAGS='-rounds 1 -duration 1s' or '-configs ours,ref-pool0,rust-pool0'.
+# An A/B run against an older build: BENCHFLAGS='-configs ours,ours-2q
+# -alt OLD -builds old2=OLD_COPY -rounds 11' (a table of ours/alt paired by
+# round; old2/alt, the same build twice, is the spread to beat).
 REF_VIRTIOFSD ?= /usr/lib/qemu/virtiofsd
 RUST_VIRTIOFSD ?= $(CURDIR)/.cache/peers/bin/virtiofsd-rust
 BENCHFLAGS ?=

@@ -50,6 +50,7 @@ func main() {
 	oursEnv := flag.String("ours-env", "", "space-separated NAME=VALUE entries added to our daemon's environment (experiments)")
 	packed := flag.Bool("packed", false, "also run ours on packed rings, as configurations \"packed\" and \"packed-2q\", and compare them with ours and ours-2q")
 	alt := flag.String("alt", "", "another build of ours, run with default settings as configurations \"alt\" and \"alt-2q\" (A/B comparisons in one run)")
+	builds := flag.String("builds", "", "more builds of ours, NAME=PATH,..., each run with default settings as configurations NAME and NAME-2q, as -alt (the same old build twice measures the spread an A/B run must beat; several builds bisect a change)")
 	null := flag.Bool("null", false, "measure the front end alone against an in-process null device, then exit")
 	flag.Parse()
 	o.QueueSize = uint16(*queueSize)
@@ -89,9 +90,20 @@ func main() {
 	if *packed {
 		o.Configs = append(o.Configs, bench.PackedConfigs()...)
 	}
+	others := strings.Split(*builds, ",")
 	if *alt != "" {
-		o.Configs = append(o.Configs, bench.Config{Name: "alt", Ours: true, Pool: -1, Rings: 1, Bin: *alt},
-			bench.Config{Name: "alt-2q", Ours: true, Pool: -1, Rings: 2, Bin: *alt})
+		others = append([]string{"alt=" + *alt}, others...)
+	}
+	for _, b := range others {
+		if b == "" {
+			continue
+		}
+		name, path, ok := strings.Cut(b, "=")
+		if !ok || name == "" || path == "" {
+			fatal(fmt.Errorf("-builds %q: want NAME=PATH", b))
+		}
+		o.Configs = append(o.Configs, bench.Config{Name: name, Ours: true, Pool: -1, Rings: 1, Bin: path},
+			bench.Config{Name: name + "-2q", Ours: true, Pool: -1, Rings: 2, Bin: path})
 	}
 	dir, err := os.MkdirTemp("", "govirtiofsd-bench-")
 	if err != nil {
