@@ -374,6 +374,16 @@ func (f *FS) keyFor(fd int, st *unix.Statx_t) (inodeKey, *fileHandle, syscall.Er
 	if !f.useHandles {
 		return key, nil, 0
 	}
+	handles, known := f.mountHandles(key.mntID)
+	if !known && uint32(st.Mode)&unix.S_IFMT == unix.S_IFDIR {
+		handles, known = f.decideMount(key.mntID, fd), true
+	}
+	if known && !handles {
+		if f.opts.InodeFileHandles == FileHandlesMandatory {
+			return key, nil, syscall.EOPNOTSUPP
+		}
+		return key, nil, 0
+	}
 	h, err := nameToHandle(fd)
 	switch {
 	case err == nil:
