@@ -1439,13 +1439,14 @@ func TestForgetAbuse(t *testing.T) {
 // invented ids (random, and near the real ones: other generation, next
 // slot) in GETATTR, READ, WRITE, OPEN, SETATTR and LOOKUP: each must fail
 // with EBADF/ESTALE/ENOENT, never answer with another file's data and never
-// change another file. With --inode-file-handles=prefer too.
+// change another file. With inodes held as handles (the default,
+// --inode-file-handles=prefer) and as fds (never).
 func TestStaleIDs(t *testing.T) {
 	for _, mode := range []string{"fds", "handles"} {
 		t.Run(mode, func(t *testing.T) {
 			var extra []string
-			if mode == "handles" {
-				extra = []string{"--inode-file-handles=prefer"}
+			if mode == "fds" {
+				extra = []string{"--inode-file-handles=never"}
 			}
 			e := escStart(t, extra...)
 			rnd := rand.New(rand.NewPCG(3, 4))
