@@ -119,10 +119,13 @@ func TestSandboxConfinement(t *testing.T) {
 		// temporary directory) gives file handles.
 		{"namespace", []string{"--sandbox", "namespace"}, keptCaps | 1<<capDacReadSearch},
 		{"chroot", []string{"-o", "sandbox=chroot"}, keptCaps | 1<<capDacReadSearch},
-		{"fds", []string{"--inode-file-handles", "never"}, keptCaps},
-		{"file-handles", []string{"--inode-file-handles", "mandatory"}, keptCaps | 1<<capDacReadSearch},
-		{"modcaps", []string{"--modcaps", "-mknod:+SYS_ADMIN"}, keptCaps&^(1<<capMknod) | 1<<capSysAdmin | 1<<capDacReadSearch},
-		{"modcaps-handles", []string{"--modcaps", "-dac_read_search"}, keptCaps},
+		// The rest in the namespace sandbox, whatever the run's
+		// GOVIRTIOFSD_INTEGRATION_SANDBOX.
+		{"fds", []string{"--sandbox", "namespace", "--inode-file-handles", "never"}, keptCaps},
+		{"file-handles", []string{"--sandbox", "namespace", "--inode-file-handles", "mandatory"}, keptCaps | 1<<capDacReadSearch},
+		{"modcaps", []string{"--sandbox", "namespace", "--modcaps", "-mknod:+SYS_ADMIN"},
+			keptCaps&^(1<<capMknod) | 1<<capSysAdmin | 1<<capDacReadSearch},
+		{"modcaps-handles", []string{"--sandbox", "namespace", "--modcaps", "-dac_read_search"}, keptCaps},
 		{"none", []string{"--sandbox", "none"}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
