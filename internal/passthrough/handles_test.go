@@ -242,3 +242,28 @@ func TestFileHandlesShareWithout(t *testing.T) {
 		t.Fatalf("%d log lines, want 1: %q", n, log.msgs)
 	}
 }
+
+// BenchmarkLookupHandles is a LOOKUP of an inode the guest already holds,
+// in file handle mode: name_to_handle_at and the mount's decision
+// (mountHandles) on each.
+func BenchmarkLookupHandles(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("open_by_handle_at needs CAP_DAC_READ_SEARCH")
+	}
+	dir := b.TempDir()
+	os.WriteFile(filepath.Join(dir, "f"), nil, 0o644)
+	f, err := New(dir, Options{InodeFileHandles: FileHandlesMandatory}, testLog)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	f.Init(f.Capabilities())
+	var e gofuse.EntryOut
+	name := []byte("f")
+	b.ReportAllocs()
+	for b.Loop() {
+		if errno := f.Lookup(hdr(rootID), name, &e); errno != 0 {
+			b.Fatal(errno)
+		}
+	}
+}
