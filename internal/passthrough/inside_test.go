@@ -62,8 +62,9 @@ func TestMigrationForgedHandle(t *testing.T) {
 		}
 	}
 
-	forge := func(node uint64, p string) []byte {
+	forge := func(node uint64, p string, rust bool) []byte {
 		s := decoded(t, b)
+		s.Ours = !rust // the Rust daemon's format: the message alone
 		r := record(s, node)
 		if r == nil || r.Loc != migstate.LocFileHandle {
 			t.Fatalf("record of %#x: %+v", node, r)
@@ -84,22 +85,33 @@ func TestMigrationForgedHandle(t *testing.T) {
 		{"the share's parent", d, src.base, "outside the shared directory"},
 		{"the root of the file system", e, "/", "outside the shared directory"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			forged := forge(tc.node, tc.path)
-			for _, o := range []Options{{}, {InodeFileHandles: FileHandlesPrefer}} {
-				loadFails(t, newDest(t, src, o), forged, tc.want)
-				// guest-error: the node is stale, never the outside
-				// object.
-				o.Migration.OnError = MigrationGuestError
-				ge := newDest(t, src, o)
-				if err := ge.LoadState(bytes.NewReader(forged), restoreCaps(src.caps.Load())); err != nil {
-					t.Fatal(err)
-				}
-				var ao gofuse.AttrOut
-				if errno := ge.GetAttr(&gofuse.GetAttrIn{InHeader: *hdr(tc.node)}, &ao); errno != syscall.ESTALE {
-					t.Fatalf("GETATTR of the forged node: %v (ino %d), want ESTALE", errno, ao.Ino)
-				}
+		for _, rust := range []bool{false, true} {
+			name := tc.name
+			if rust {
+				name += ", Rust format"
 			}
-		})
+			t.Run(name, func(t *testing.T) {
+				testForgedLoad(t, src, forge(tc.node, tc.path, rust), tc.node, tc.want)
+			})
+		}
+	}
+}
+
+// testForgedLoad loads forged into destinations in fd and handle mode:
+// refused with want (abort), or node left stale (guest-error).
+func testForgedLoad(t *testing.T, src *testFS, forged []byte, node uint64, want string) {
+	t.Helper()
+	for _, o := range []Options{{}, {InodeFileHandles: FileHandlesPrefer}} {
+		loadFails(t, newDest(t, src, o), forged, want)
+		// guest-error: the node is stale, never the outside object.
+		o.Migration.OnError = MigrationGuestError
+		ge := newDest(t, src, o)
+		if err := ge.LoadState(bytes.NewReader(forged), restoreCaps(src.caps.Load())); err != nil {
+			t.Fatal(err)
+		}
+		var ao gofuse.AttrOut
+		if errno := ge.GetAttr(&gofuse.GetAttrIn{InHeader: *hdr(node)}, &ao); errno != syscall.ESTALE {
+			t.Fatalf("GETATTR of the forged node: %v (ino %d), want ESTALE", errno, ao.Ino)
+		}
 	}
 }

@@ -75,10 +75,20 @@ func TestMigrationForgedHandle(t *testing.T) {
 	d := c.lookup(vmm.RootID, "d").NodeID
 	state := saveState(t, sdev)
 
-	// The honest stream loads.
-	_, hdev := destination(t, src)
-	if got := string(load(t, hdev, state).read(f, fh, 0, 64)); got != "inside" {
-		t.Fatalf("READ of f after the honest stream: %q", got)
+	// The honest stream loads, in our format and in the Rust daemon's
+	// (the same message without our trailer).
+	rust := func(s []byte) []byte {
+		k := bytes.LastIndex(s, []byte("GVFSTAIL"))
+		if k < 0 {
+			t.Fatal("no trailer in our state")
+		}
+		return s[:k]
+	}
+	for _, s := range [][]byte{state, rust(state)} {
+		_, hdev := destination(t, src)
+		if got := string(load(t, hdev, s).read(f, fh, 0, 64)); got != "inside" {
+			t.Fatalf("READ of f after the honest stream: %q", got)
+		}
 	}
 
 	for _, tc := range []struct {
@@ -90,29 +100,42 @@ func TestMigrationForgedHandle(t *testing.T) {
 		{"file", f, filepath.Join(src.dir, "f"), filepath.Join(outside, "secret"), "found in no directory of the shared directory"},
 		{"directory", d, filepath.Join(src.dir, "d"), filepath.Join(outside, "outdir"), "opens a directory outside the shared directory"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			forged := forgeHandle(t, state, tc.from, tc.to)
-			dst, ddev := destination(t, src)
-			err := ddev.LoadState(forged)
-			var re *vmm.ReplyError
-			if !errors.As(err, &re) || re.Request != vmm.CheckDeviceState {
-				t.Fatalf("the forged stream: %v, want CHECK_DEVICE_STATE to fail", err)
-			}
-			waitLog(t, dst, tc.why)
-
-			ge, gdev := destination(t, src, "--migration-on-error", "guest-error")
-			g := load(t, gdev, forged)
-			waitLog(t, ge, tc.why)
-			if _, err := g.Getattr(tc.node); !errors.Is(err, syscall.ESTALE) {
-				t.Errorf("GETATTR of the forged node: %v, want ESTALE", err)
-			}
-			if tc.node == f {
-				if b, err := g.Read(f, fh, 0, 64); !errors.Is(err, syscall.ESTALE) {
-					t.Errorf("READ through the forged node's handle: %q, %v; want ESTALE", b, err)
+		for _, format := range []string{"ours", "Rust"} {
+			t.Run(tc.name+", "+format, func(t *testing.T) {
+				forged := forgeHandle(t, state, tc.from, tc.to)
+				if format == "Rust" {
+					forged = rust(forged)
 				}
-			} else if _, err := g.Lookup(tc.node, "x"); !errors.Is(err, syscall.ESTALE) {
-				t.Errorf("LOOKUP below the forged directory: %v, want ESTALE", err)
-			}
-		})
+				testForgedStream(t, src, forged, tc.node, f, fh, tc.why)
+			})
+		}
+	}
+}
+
+// testForgedStream loads forged on a destination, which must refuse it
+// (saying why), and on one with --migration-on-error guest-error, where
+// node must answer ESTALE (f and fh: the file and its open handle).
+func testForgedStream(t *testing.T, src *daemon, forged []byte, node, f, fh uint64, why string) {
+	t.Helper()
+	dst, ddev := destination(t, src)
+	err := ddev.LoadState(forged)
+	var re *vmm.ReplyError
+	if !errors.As(err, &re) || re.Request != vmm.CheckDeviceState {
+		t.Fatalf("the forged stream: %v, want CHECK_DEVICE_STATE to fail", err)
+	}
+	waitLog(t, dst, why)
+
+	ge, gdev := destination(t, src, "--migration-on-error", "guest-error")
+	g := load(t, gdev, forged)
+	waitLog(t, ge, why)
+	if _, err := g.Getattr(node); !errors.Is(err, syscall.ESTALE) {
+		t.Errorf("GETATTR of the forged node: %v, want ESTALE", err)
+	}
+	if node == f {
+		if b, err := g.Read(f, fh, 0, 64); !errors.Is(err, syscall.ESTALE) {
+			t.Errorf("READ through the forged node's handle: %q, %v; want ESTALE", b, err)
+		}
+	} else if _, err := g.Lookup(node, "x"); !errors.Is(err, syscall.ESTALE) {
+		t.Errorf("LOOKUP below the forged directory: %v, want ESTALE", err)
 	}
 }
