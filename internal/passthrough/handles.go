@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -60,12 +62,62 @@ func nameToHandle(fd int) (unix.FileHandle, error) {
 	return h, err
 }
 
+// handleKey is h as an inodeKey's handle: its type (in the machine's byte
+// order) then its bytes, as handleBuf.view lays them out.
 func handleKey(h unix.FileHandle) string {
 	b := h.Bytes()
 	k := make([]byte, 4+len(b))
-	binary.LittleEndian.PutUint32(k, uint32(h.Type()))
+	binary.NativeEndian.PutUint32(k, uint32(h.Type()))
 	copy(k[4:], b)
 	return string(k)
+}
+
+// maxHandleSize is MAX_HANDLE_SZ, the largest handle the kernel encodes.
+const maxHandleSize = 128
+
+// handleBuf is a struct file_handle with room for any handle: LOOKUP
+// encodes into one on its stack, so a lookup of an inode the guest already
+// holds allocates nothing.
+type handleBuf struct {
+	size  uint32 // handle_bytes
+	typ   int32  // handle_type
+	bytes [maxHandleSize]byte
+}
+
+// encode is name_to_handle_at(fd, "", AT_EMPTY_PATH) into b.
+func (b *handleBuf) encode(fd int) syscall.Errno {
+	b.size = maxHandleSize
+	var mnt int32
+	_, _, e := unix.Syscall6(unix.SYS_NAME_TO_HANDLE_AT, uintptr(fd), uintptr(unsafe.Pointer(&emptyPath[0])),
+		uintptr(unsafe.Pointer(b)), uintptr(unsafe.Pointer(&mnt)), unix.AT_EMPTY_PATH, 0)
+	if e == 0 && b.size > maxHandleSize {
+		return syscall.EOVERFLOW
+	}
+	return e
+}
+
+// view is the handle as an inodeKey's handle (handleKey's layout), without
+// a copy: valid while b is, for a table lookup only (ownedKey copies it).
+func (b *handleBuf) view() string {
+	return unsafe.String((*byte)(unsafe.Pointer(&b.typ)), 4+int(b.size))
+}
+
+// fileHandle copies the handle out of b.
+func (b *handleBuf) fileHandle() unix.FileHandle {
+	return unix.NewFileHandle(b.typ, b.bytes[:b.size])
+}
+
+// owned is a new inode's fileHandle, copied out of b; nil without one.
+func (b *handleBuf) owned(has bool) *fileHandle {
+	if !has {
+		return nil
+	}
+	return &fileHandle{h: b.fileHandle()}
+}
+
+// ownedKey is k with its handle copied: a key that may be kept.
+func ownedKey(k *inodeKey) inodeKey {
+	return inodeKey{dev: k.dev, ino: k.ino, mntID: k.mntID, handle: strings.Clone(k.handle), stale: k.stale}
 }
 
 // mountHandles says whether the objects of mount mntID are held by file

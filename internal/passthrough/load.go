@@ -368,12 +368,13 @@ func (l *loader) reopenInode(k int32) (*inode, string, syscall.Errno) {
 		f.closeInodeFD(fd)
 		return nil, fmt.Sprintf("type %#o, saved as %#o", t, r.Type), 0
 	}
-	key, fh, e := f.keyFor(fd, &sx)
+	var hb handleBuf
+	key, e := f.keyFor(fd, &sx, &hb)
 	if e != 0 {
 		f.closeInodeFD(fd)
 		return nil, "file handle: " + e.Error(), e
 	}
-	i, e := f.newInode(fd, &sx, key, fh)
+	i, e := f.newInode(fd, &sx, ownedKey(&key), hb.owned(key.handle != ""))
 	if e != 0 {
 		return nil, "file handle: " + e.Error(), e
 	}
