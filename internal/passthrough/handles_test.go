@@ -268,8 +268,8 @@ func BenchmarkLookupHandles(b *testing.B) {
 	}
 }
 
-// A LOOKUP of an inode the guest holds allocates nothing in file handle
-// mode either: the handle is encoded on the stack (handleBuf) and copied
+// A LOOKUP of an inode the guest holds, and a GETATTR, allocate nothing in
+// file handle mode either: the handle is encoded on the stack (handleBuf) and copied
 // only for a new inode.
 func TestLookupHandlesAllocs(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -287,6 +287,11 @@ func TestLookupHandlesAllocs(t *testing.T) {
 		}
 		if e.NodeId != first {
 			t.Errorf("LOOKUP %s: node %d, then %d", name, first, e.NodeId)
+		}
+		var ao gofuse.AttrOut
+		gin := &gofuse.GetAttrIn{InHeader: *hdr(first)}
+		if a := testing.AllocsPerRun(100, func() { tf.GetAttr(gin, &ao) }); a != 0 {
+			t.Errorf("GETATTR %s: %v allocs", name, a)
 		}
 	}
 }
