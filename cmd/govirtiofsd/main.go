@@ -109,6 +109,9 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 		return d.startInBackground(sigs)
 	}
 	d.logNotes()
+	if err := d.decideFileHandles(); err != nil {
+		return err
+	}
 	var err error
 	if d.sandbox, err = sandboxConfig(o, d.log); err != nil {
 		return err
@@ -483,7 +486,7 @@ func newFileSystem(o *Options, in *sandbox.Inside, log *slog.Logger) (*passthrou
 	if err != nil {
 		return nil, err
 	}
-	handles, err := passthrough.ParseFileHandleMode(o.InodeFileHandles)
+	handles, err := fileHandleMode(o)
 	if err != nil {
 		return nil, err
 	}
@@ -531,6 +534,7 @@ func newFileSystem(o *Options, in *sandbox.Inside, log *slog.Logger) (*passthrou
 	if err := passthrough.DropSupplementaryGroups(); err != nil {
 		return nil, err
 	}
+	logFileHandles(o, log)
 	return passthrough.New(in.Root(), popts, log)
 }
 

@@ -78,6 +78,10 @@ type Options struct {
 	// notes are the options given that have no effect here, logged at
 	// start-up (once each, in command-line order).
 	notes []string
+	// handles is the first process's decision on inode file handles
+	// (handles.go), not an option.
+	handles    handleDecision
+	handlesWhy string
 }
 
 // newOptions returns the defaults, as the command line starts from them.
@@ -87,9 +91,9 @@ func newOptions() *Options {
 		Queues:           vhostuser.MaxRings - 1,
 		LogLevel:         "info",
 		Cache:            "auto",
-		InodeFileHandles: "never",
-		ThreadPoolSize:   -1, // not given: defaultWorkers
-		RlimitNofile:     -1, // not given: setNofile raises it
+		InodeFileHandles: "prefer", // as the Rust virtiofsd since 1.13.3
+		ThreadPoolSize:   -1,       // not given: defaultWorkers
+		RlimitNofile:     -1,       // not given: setNofile raises it
 		MigrationMode:    "find-paths",
 		MigrationOnError: "abort",
 		// On by default, as in the Rust virtiofsd 1.13: a migration from
@@ -374,7 +378,7 @@ var optionTable = []option{
 		field: boolField(func(o *Options) *bool { return &o.KillprivV2 })},
 	{long: "no-killpriv-v2", kind: optBool, usage: "disable FUSE_HANDLE_KILLPRIV_V2",
 		field: notBoolField(func(o *Options) *bool { return &o.KillprivV2 })},
-	{long: "inode-file-handles", kind: optString, usage: "when to hold inodes as file handles, `MODE`: never, prefer or mandatory",
+	{long: "inode-file-handles", kind: optString, usage: "when to hold inodes as file handles, `MODE`: never, prefer (where the file system and CAP_DAC_READ_SEARCH allow, else O_PATH fds) or mandatory",
 		field: enumField(func(o *Options) *string { return &o.InodeFileHandles }, "never", "prefer", "mandatory")},
 	{oKey: "posix_lock", kind: optBool, usage: "enable POSIX locks",
 		field: boolField(func(o *Options) *bool { return &o.PosixLock })},

@@ -462,7 +462,7 @@ func TestHelp(t *testing.T) {
 		`--cache MODE `, `-o cache=MODE (default "auto")`,
 		`--queues N `, `(default 255)`,
 		`-o log_level=LEVEL (default "info")`,
-		`--inode-file-handles MODE `, `(default "never")`,
+		`--inode-file-handles MODE `, `(default "prefer")`,
 		`(default one fewer than the CPUs, at least 1)`,
 		`(default raised to min(1000000, fs.nr_open))`,
 		`--sandbox MODE `, `(default "namespace")`, `(default "kill")`,

@@ -18,7 +18,8 @@ const (
 	fileDevNull   = "devnull"    // --daemonize: /dev/null for the detached stdio
 )
 
-// sandboxConfig builds the sandbox configuration from the options; every
+// sandboxConfig builds the sandbox configuration from the options and the
+// first process's decision on file handles (decideFileHandles); every
 // stage of the daemon builds the same one.
 func sandboxConfig(o *Options, log *slog.Logger) (sandbox.Config, error) {
 	cfg := sandbox.Config{SharedDir: o.SharedDir, Log: log}
@@ -30,10 +31,7 @@ func sandboxConfig(o *Options, log *slog.Logger) (sandbox.Config, error) {
 		return cfg, err
 	}
 	caps := sandbox.DefaultCaps
-	// open_by_handle_at: inodes held as handles, or a file-handles
-	// migration loaded here (the Rust daemon's users give
-	// --modcaps=+dac_read_search instead, which works too).
-	if o.InodeFileHandles == "prefer" || o.InodeFileHandles == "mandatory" || o.MigrationMode == "file-handles" {
+	if keepsHandleCaps(o) { // handles.go: decided by the first process
 		caps |= sandbox.FileHandleCaps
 	}
 	if cfg.Caps, err = sandbox.ParseModcaps(caps, o.Modcaps); err != nil {

@@ -28,6 +28,7 @@
 package passthrough
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -77,9 +78,12 @@ type FS struct {
 
 	openat2 atomic.Bool // openat2 available
 
-	useHandles bool // inodes are held as file handles
+	useHandles bool // inodes are held as file handles where their mount allows
 	mountsMu   sync.Mutex
 	mounts     map[uint64]*mountFD
+	// mountModes holds, per mount id, whether its objects are held by
+	// handle (handles.go): replaced whole under mountsMu, read without.
+	mountModes atomic.Pointer[map[uint64]bool]
 	xmap       *xattrMap
 
 	creds     credPool
@@ -205,23 +209,33 @@ func (f *FS) openRoot(root string) (err error) {
 	return nil
 }
 
-// useFileHandles holds inodes by file handle (--inode-file-handles) if
-// the shared directory's file system gives them; rfd is its fd.
+// useFileHandles holds inodes by file handle (--inode-file-handles) where
+// their mount allows it (handles.go); rfd is the shared directory's fd.
+// Without the capability open_by_handle_at needs, no mount allows it: one
+// line says so. The shared directory's own file system giving no handles
+// decides its mount only: a submount may still (if the capability was not
+// dropped at start for that very reason, as the sandbox does).
 func (f *FS) useFileHandles(rfd int) error {
 	h, err := probeHandles(rfd)
+	mandatory := f.opts.InodeFileHandles == FileHandlesMandatory
 	switch {
 	case err == nil:
 		f.useHandles = true
 		f.mounts = make(map[uint64]*mountFD)
 		f.root.key.handle = handleKey(h)
+		f.setMountHandles(f.root.key.mntID, true, "", nil)
 		// The shared directory's mount keeps its fd for good.
 		if f.acquireMount(f.root.key.mntID, rfd) == nil {
 			return fmt.Errorf("open shared directory for file handles failed")
 		}
-	case f.opts.InodeFileHandles == FileHandlesMandatory:
+	case mandatory:
 		return fmt.Errorf("inode file handles are mandatory but unusable: %w", err)
+	case errors.Is(err, ErrHandlesNotPermitted):
+		f.log.Info("passthrough: inode file handles not permitted: every inode is held as an O_PATH fd", "err", err)
 	default:
-		f.log.Warn("passthrough: inode file handles unusable, using O_PATH fds", "err", err)
+		f.useHandles = true
+		f.mounts = make(map[uint64]*mountFD)
+		f.setMountHandles(f.root.key.mntID, false, "the shared directory's file system gives no file handles", err)
 	}
 	return nil
 }

@@ -2,6 +2,12 @@ package passthrough
 
 import (
 	"encoding/binary"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -10,8 +16,31 @@ import (
 // held as a file handle (name_to_handle_at) instead of an O_PATH fd, so the
 // guest's lookups do not pin one fd each; each request that needs the object
 // opens it with open_by_handle_at (CAP_DAC_READ_SEARCH) on an fd of its
-// mount. Handles only ever come from the daemon's own name_to_handle_at,
-// never from the guest. An object deleted on the host gives ESTALE.
+// mount. An object deleted on the host gives ESTALE.
+//
+// Which handles are opened: open_by_handle_at with CAP_DAC_READ_SEARCH
+// opens any object of the file system, wherever it is, so the daemon opens
+// only
+//   - handles it made itself, at LOOKUP (and READDIRPLUS, CREATE, ...):
+//     keyFor encodes them with name_to_handle_at on the O_PATH fd of an
+//     object it has just reached inside the share, one validated name at
+//     a time from its parent; the guest never sees nor sends a handle;
+//   - the handles of a migration stream in file-handles mode, which are
+//     checked to open an object inside the share first (insideShare, in
+//     load.go).
+//
+// Which file systems: the decision is per mount, made once and logged
+// once. A mount whose file system cannot encode handles (overlayfs
+// without nfs_export, many FUSE and network file systems:
+// name_to_handle_at fails) or cannot open them (open_by_handle_at fails
+// on its first directory, as it does on every mount when the daemon lacks
+// CAP_DAC_READ_SEARCH in the host's user namespace, or dropped it at start
+// because the share's own file system gave no handles) is decided for fds:
+// its objects are held by O_PATH fds from then on, without
+// asking again (mountModes). The decision is made on the first directory
+// seen on the mount, in practice its root, before any of its objects is
+// interned. --inode-file-handles=mandatory answers EOPNOTSUPP there
+// instead.
 
 type fileHandle struct {
 	h   unix.FileHandle
@@ -33,12 +62,126 @@ func nameToHandle(fd int) (unix.FileHandle, error) {
 	return h, err
 }
 
+// handleKey is h as an inodeKey's handle: its type (in the machine's byte
+// order) then its bytes, as handleBuf.view lays them out.
 func handleKey(h unix.FileHandle) string {
 	b := h.Bytes()
 	k := make([]byte, 4+len(b))
-	binary.LittleEndian.PutUint32(k, uint32(h.Type()))
+	binary.NativeEndian.PutUint32(k, uint32(h.Type()))
 	copy(k[4:], b)
 	return string(k)
+}
+
+// maxHandleSize is MAX_HANDLE_SZ, the largest handle the kernel encodes.
+const maxHandleSize = 128
+
+// handleBuf is a struct file_handle with room for any handle: LOOKUP
+// encodes into one on its stack, so a lookup of an inode the guest already
+// holds allocates nothing.
+type handleBuf struct {
+	size  uint32 // handle_bytes
+	typ   int32  // handle_type
+	bytes [maxHandleSize]byte
+}
+
+// encode is name_to_handle_at(fd, "", AT_EMPTY_PATH) into b.
+func (b *handleBuf) encode(fd int) syscall.Errno {
+	b.size = maxHandleSize
+	var mnt int32
+	_, _, e := unix.Syscall6(unix.SYS_NAME_TO_HANDLE_AT, uintptr(fd), uintptr(unsafe.Pointer(&emptyPath[0])),
+		uintptr(unsafe.Pointer(b)), uintptr(unsafe.Pointer(&mnt)), unix.AT_EMPTY_PATH, 0)
+	if e == 0 && b.size > maxHandleSize {
+		return syscall.EOVERFLOW
+	}
+	return e
+}
+
+// view is the handle as an inodeKey's handle (handleKey's layout), without
+// a copy: valid while b is, for a table lookup only (ownedKey copies it).
+func (b *handleBuf) view() string {
+	return unsafe.String((*byte)(unsafe.Pointer(&b.typ)), 4+int(b.size))
+}
+
+// fileHandle copies the handle out of b.
+func (b *handleBuf) fileHandle() unix.FileHandle {
+	return unix.NewFileHandle(b.typ, b.bytes[:b.size])
+}
+
+// owned is a new inode's fileHandle, copied out of b; nil without one.
+func (b *handleBuf) owned(has bool) *fileHandle {
+	if !has {
+		return nil
+	}
+	return &fileHandle{h: b.fileHandle()}
+}
+
+// ownedKey is k with its handle copied: a key that may be kept.
+func ownedKey(k *inodeKey) inodeKey {
+	return inodeKey{dev: k.dev, ino: k.ino, mntID: k.mntID, handle: strings.Clone(k.handle), stale: k.stale}
+}
+
+// mountHandles says whether the objects of mount mntID are held by file
+// handle: known is false until the mount is decided (decideMount). Lock-
+// free: it runs on every LOOKUP in file handle mode.
+func (f *FS) mountHandles(mntID uint64) (handles, known bool) {
+	m := f.mountModes.Load()
+	if m == nil {
+		return false, false
+	}
+	handles, known = (*m)[mntID]
+	return handles, known
+}
+
+// decideMount decides mount mntID from dir, an O_PATH fd of a directory
+// on it: handles if its file system encodes dir's handle and
+// open_by_handle_at opens it. It logs the mounts that get fds, once each.
+// A mount id the kernel reuses for a later mount keeps the decision: a
+// mount wrongly held by fds is only costlier; one wrongly held by handles
+// fails its lookups' open_by_handle_at (ESTALE or EOPNOTSUPP), never opens
+// another object. It returns the decision.
+func (f *FS) decideMount(mntID uint64, dir int) bool {
+	var b fdName
+	fd, e := sysOpenat(f.procSelfFD, procName(&b, dir), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if e != 0 {
+		return true // cannot tell now: a later directory will
+	}
+	defer sysClose(fd)
+	h, err := nameToHandle(dir)
+	why := "name_to_handle_at fails on this file system"
+	if err == nil {
+		if err = canOpenHandle(fd, h); err != nil {
+			why = openHandleWhy(err)
+		}
+	}
+	f.setMountHandles(mntID, err == nil, why, err)
+	return err == nil
+}
+
+// setMountHandles records the decision for mount mntID (the first one
+// stands) and logs a mount that gets fds.
+func (f *FS) setMountHandles(mntID uint64, handles bool, why string, err error) {
+	f.mountsMu.Lock()
+	defer f.mountsMu.Unlock()
+	old := f.mountModes.Load()
+	if old != nil {
+		if _, ok := (*old)[mntID]; ok {
+			return
+		}
+	}
+	m := map[uint64]bool{mntID: handles}
+	if old != nil {
+		maps.Copy(m, *old)
+	}
+	f.mountModes.Store(&m) // copy on write: mounts are few, readers many
+	if handles {
+		return
+	}
+	held := "O_PATH fds"
+	if f.opts.InodeFileHandles == FileHandlesMandatory {
+		held = "refused (--inode-file-handles=mandatory)"
+	}
+	f.log.Info("passthrough: no inode file handles on this mount: its inodes are "+held,
+		"mount_id", mntID, "why", why, "err", err)
 }
 
 // acquireMount returns the mount fd for mntID with a new reference, making
@@ -76,22 +219,62 @@ func (f *FS) releaseMount(m *mountFD) {
 	}
 }
 
-// probeHandles checks that file handles work on the shared directory and
-// returns its handle.
+// canOpenHandle opens h on mountFD as an O_PATH fd and closes it: what
+// every request on an inode held by handle does. Without O_DIRECTORY the
+// kernel asks for CAP_DAC_READ_SEARCH in the host's user namespace (the
+// relaxed check of Linux 6.10 for a mount's owner covers directories only,
+// and an inode can be anything).
+func canOpenHandle(mountFD int, h unix.FileHandle) error {
+	fd, err := unix.OpenByHandleAt(mountFD, h, unix.O_PATH|unix.O_CLOEXEC)
+	if err != nil {
+		return err
+	}
+	unix.Close(fd)
+	return nil
+}
+
+func openHandleWhy(err error) string {
+	if errors.Is(err, syscall.EPERM) {
+		return "open_by_handle_at needs CAP_DAC_READ_SEARCH in the host's user namespace, which this process does not hold"
+	}
+	return "open_by_handle_at fails on this file system"
+}
+
+// ErrHandlesNotPermitted is ProbeFileHandles' answer when the file system
+// gives handles but this process may not open them.
+var ErrHandlesNotPermitted = errors.New("open_by_handle_at is not permitted: it needs CAP_DAC_READ_SEARCH in the host's user namespace")
+
+// ProbeFileHandles tells whether this process can hold the inodes of dir's
+// file system as file handles: nil if it can, an error wrapping
+// ErrHandlesNotPermitted if only the capability is missing, and otherwise
+// why the file system gives none.
+func ProbeFileHandles(dir string) error {
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	_, err = probeHandles(fd)
+	return err
+}
+
+// probeHandles checks that file handles work on the directory rootFD (an
+// O_PATH fd) and returns its handle.
 func probeHandles(rootFD int) (unix.FileHandle, error) {
 	h, err := nameToHandle(rootFD)
 	if err != nil {
-		return h, err
+		return h, fmt.Errorf("name_to_handle_at: %w", err)
 	}
 	dfd, err := unix.Openat(rootFD, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return h, err
 	}
 	defer unix.Close(dfd)
-	fd, err := unix.OpenByHandleAt(dfd, h, unix.O_PATH|unix.O_CLOEXEC)
-	if err != nil {
-		return h, err
+	if err := canOpenHandle(dfd, h); err != nil {
+		if errors.Is(err, syscall.EPERM) {
+			return h, fmt.Errorf("%w (%w)", ErrHandlesNotPermitted, err)
+		}
+		return h, fmt.Errorf("open_by_handle_at: %w", err)
 	}
-	unix.Close(fd)
 	return h, nil
 }

@@ -335,7 +335,8 @@ func (f *FS) handleOf(fh uint64, i *inode) (*handle, syscall.Errno) {
 // the caller's lookup keeps it alive until the guest forgets it, and the
 // caller only reads its immutable fields.
 func (f *FS) intern(fd int, st *unix.Statx_t) (*inode, syscall.Errno) {
-	key, fh, errno := f.keyFor(fd, st)
+	var hb handleBuf
+	key, errno := f.keyFor(fd, st, &hb) // key's handle is a view of hb
 	if errno != 0 {
 		sysClose(fd)
 		f.inodeFDs.Add(-1)
@@ -352,37 +353,48 @@ func (f *FS) intern(fd int, st *unix.Statx_t) (*inode, syscall.Errno) {
 		f.inodeFDs.Add(-1)
 		return i, 0
 	}
-	i, errno := f.newInode(fd, st, key, fh)
+	own, fh := ownedKey(&key), hb.owned(key.handle != "")
+	i, errno := f.newInode(fd, st, own, fh)
 	if errno != 0 {
 		ks.mu.Unlock()
 		return nil, errno
 	}
-	if !f.nodes.insert(key.hash(), i) {
+	if !f.nodes.insert(own.hash(), i) {
 		ks.mu.Unlock()
 		i.put()
 		return nil, syscall.ENFILE
 	}
-	ks.m[key] = i
+	ks.m[own] = i
 	ks.mu.Unlock()
 	return i, 0
 }
 
-// keyFor returns the key of the object behind O_PATH fd (whose statx is st)
-// and, in file handle mode, its file handle.
-func (f *FS) keyFor(fd int, st *unix.Statx_t) (inodeKey, *fileHandle, syscall.Errno) {
+// keyFor returns the key of the object behind O_PATH fd (whose statx is
+// st); in file handle mode its handle is encoded into hb and the key's
+// handle is a view of hb (ownedKey copies it).
+func (f *FS) keyFor(fd int, st *unix.Statx_t, hb *handleBuf) (inodeKey, syscall.Errno) {
 	key := keyOf(st)
 	if !f.useHandles {
-		return key, nil, 0
+		return key, 0
 	}
-	h, err := nameToHandle(fd)
-	switch {
-	case err == nil:
-		key.handle = handleKey(h)
-		return key, &fileHandle{h: h}, 0
-	case f.opts.InodeFileHandles == FileHandlesMandatory:
-		return key, nil, toErrno(err)
+	handles, known := f.mountHandles(key.mntID)
+	if !known && uint32(st.Mode)&unix.S_IFMT == unix.S_IFDIR {
+		handles, known = f.decideMount(key.mntID, fd), true
 	}
-	return key, nil, 0
+	if known && !handles {
+		if f.opts.InodeFileHandles == FileHandlesMandatory {
+			return key, syscall.EOPNOTSUPP
+		}
+		return key, 0
+	}
+	if e := hb.encode(fd); e != 0 {
+		if f.opts.InodeFileHandles == FileHandlesMandatory {
+			return key, e
+		}
+		return key, 0
+	}
+	key.handle = hb.view()
+	return key, 0
 }
 
 // newInode makes the inode for O_PATH fd (key and fh from keyFor) with one

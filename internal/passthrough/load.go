@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 	"syscall"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
@@ -19,7 +18,8 @@ import (
 // inode by its path beneath the shared directory or below its parent (never
 // following a symlink, never leaving the share), or by its file handle
 // (open_by_handle_at, which needs CAP_DAC_READ_SEARCH) on a mount it opens
-// by path, and every handle from its inode as OPEN does, and only then
+// by path, checked to be an object inside the share (inside.go), and every
+// handle from its inode as OPEN does, and only then
 // replaces its tables, at the very same ids. An inode that cannot be opened
 // (or, given a reference file handle, opens as another object) fails the
 // load (MigrationAbort) or is installed stale (MigrationGuestError). Locks
@@ -139,6 +139,8 @@ type loader struct {
 	st        *staged
 	all       []*inode            // per record, its inode once staged
 	keys      map[inodeKey]uint64 // the objects staged, and the root: their node ids
+	inside    insideCheck         // file handles: directories found inside the share
+	pending   []pendingObject     // file handles: non-directories not yet found inside
 }
 
 // stage reopens every record. Unreachable objects follow
@@ -154,10 +156,12 @@ func (f *FS) stage(s *migstate.State, plan *migstate.Plan, caps uint64) (_ *stag
 		st:        &staged{inodes: make([]*inode, 0, len(s.Inodes)), handles: make([]*handle, 0, len(s.Handles))},
 		all:       make([]*inode, len(s.Inodes)),
 		keys:      make(map[inodeKey]uint64, len(s.Inodes)+1),
+		inside:    insideCheck{f: f, dirs: map[objKey]bool{}},
 	}
 	defer l.mounts.close()
 	defer func() {
 		if err != nil {
+			l.releasePending(0)
 			l.st.release()
 		}
 	}()
@@ -174,6 +178,9 @@ func (f *FS) stage(s *migstate.State, plan *migstate.Plan, caps uint64) (_ *stag
 			return nil, err
 		}
 	}
+	if err := l.stagePending(); err != nil {
+		return nil, err
+	}
 	for k := range s.Handles {
 		if err := l.stageHandle(&s.Handles[k]); err != nil {
 			return nil, err
@@ -188,10 +195,64 @@ func (f *FS) stage(s *migstate.State, plan *migstate.Plan, caps uint64) (_ *stag
 }
 
 // stageInode reopens record k, or makes it a stale inode when OnError
-// allows.
+// allows. A non-directory opened by file handle waits in pending until it
+// is found inside the share (inside.go).
 func (l *loader) stageInode(k int32) error {
-	r := &l.s.Inodes[k]
 	i, why, e := l.reopenInode(k)
+	if i != nil && l.s.Inodes[k].Loc == migstate.LocFileHandle && l.s.Inodes[k].RawPath == "" &&
+		!i.isDir() && !l.f.unlinkedFile(i) {
+		l.pending = append(l.pending, pendingObject{k: k, i: i})
+		return nil
+	}
+	return l.place(k, i, why, e)
+}
+
+// stagePending looks for the pending non-directories in the directories
+// of the share known so far, and places each: found, or refused.
+func (l *loader) stagePending() error {
+	if len(l.pending) == 0 {
+		return nil
+	}
+	dirs := []*inode{l.f.root}
+	for _, i := range l.all { // with those only on their children's paths
+		if i != nil && !i.stale && i.isDir() {
+			dirs = append(dirs, i)
+		}
+	}
+	l.inside.findNames(l.pending, dirs)
+	for n := range l.pending {
+		p := &l.pending[n]
+		i, why := p.i, ""
+		if !p.found {
+			i.put()
+			i, why = nil, "the file handle opens an object found in no directory of the shared directory"
+		}
+		p.i = nil
+		if err := l.place(p.k, i, why, 0); err != nil {
+			l.releasePending(n + 1)
+			return err
+		}
+	}
+	l.pending = nil
+	return nil
+}
+
+// releasePending drops the pending objects from index n on (a load that
+// fails).
+func (l *loader) releasePending(n int) {
+	for _, p := range l.pending[n:] {
+		if p.i != nil {
+			p.i.put()
+		}
+	}
+	l.pending = nil
+}
+
+// place stages record k's inode i (nil: why it did not open, with errno
+// e), checked against the source's reference handle and the objects
+// staged already, or a stale inode when OnError allows.
+func (l *loader) place(k int32, i *inode, why string, e syscall.Errno) error {
+	r := &l.s.Inodes[k]
 	if outOfResources(e) {
 		if i != nil {
 			i.put()
@@ -307,12 +368,13 @@ func (l *loader) reopenInode(k int32) (*inode, string, syscall.Errno) {
 		f.closeInodeFD(fd)
 		return nil, fmt.Sprintf("type %#o, saved as %#o", t, r.Type), 0
 	}
-	key, fh, e := f.keyFor(fd, &sx)
+	var hb handleBuf
+	key, e := f.keyFor(fd, &sx, &hb)
 	if e != 0 {
 		f.closeInodeFD(fd)
 		return nil, "file handle: " + e.Error(), e
 	}
-	i, e := f.newInode(fd, &sx, key, fh)
+	i, e := f.newInode(fd, &sx, ownedKey(&key), hb.owned(key.handle != ""))
 	if e != 0 {
 		return nil, "file handle: " + e.Error(), e
 	}
@@ -349,7 +411,7 @@ func (l *loader) openLocation(k int32) (int, string, syscall.Errno) {
 		fd, e = f.openBeneathAt(p.fd, r.Path)
 		p.put()
 	case r.Loc == migstate.LocFileHandle:
-		return f.openHandleRecord(&r.Handle, l.mounts)
+		return l.openHandleRecord(&r.Handle)
 	default:
 		return -1, "unreachable on the source", 0
 	}
@@ -447,12 +509,12 @@ func (f *FS) openMount(rel string) (int, string, syscall.Errno) {
 
 // openHandleRecord opens a source's file handle as an O_PATH fd (counted
 // in inodeFDs) on the mount the state names for it. It needs
-// CAP_DAC_READ_SEARCH. An object a path shows outside the shared directory
-// is refused; one without a path there (unlinked on the host, or not in
-// the dentry cache) cannot be told apart from one in the share: file
-// handles trust the source, as in the Rust daemon.
-func (f *FS) openHandleRecord(h *migstate.FileHandle, mounts *mountFDs) (int, string, syscall.Errno) {
-	mfd, why, e := mounts.get(h.MountID)
+// CAP_DAC_READ_SEARCH. A directory is opened only if it is inside the
+// shared directory; a non-directory is checked once the directories are
+// staged (stagePending; inside.go says how and why).
+func (l *loader) openHandleRecord(h *migstate.FileHandle) (int, string, syscall.Errno) {
+	f := l.f
+	mfd, why, e := l.mounts.get(h.MountID)
 	if mfd < 0 {
 		return -1, why, e
 	}
@@ -466,11 +528,15 @@ func (f *FS) openHandleRecord(h *migstate.FileHandle, mounts *mountFDs) (int, st
 		return -1, why, e
 	}
 	f.inodeFDs.Add(1)
-	if root, ok := f.rootLink(); ok && root != "/" {
-		if link, ok := f.fdLink(fd); ok && strings.HasPrefix(link, "/") && !strings.HasSuffix(link, " (deleted)") &&
-			link != root && !strings.HasPrefix(link, root+"/") {
+	var st unix.Statx_t
+	if e := statxFD(fd, &st); e != 0 {
+		f.closeInodeFD(fd)
+		return -1, "statx: " + e.Error(), e
+	}
+	if uint32(st.Mode)&unix.S_IFMT == unix.S_IFDIR {
+		if ok, why := l.inside.dirInside(fd, &st); !ok {
 			f.closeInodeFD(fd)
-			return -1, "the file handle opens an object outside the shared directory", 0
+			return -1, "the file handle opens a directory outside the shared directory: " + why, 0
 		}
 	}
 	return fd, "", 0

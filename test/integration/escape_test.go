@@ -1095,9 +1095,23 @@ func escOpenedNonPath(t *testing.T, pid int, path string) (bad []string, fds int
 // TestCVE2020_35517 makes a FIFO and a character device (/dev/null's 1:3)
 // with MKNOD, and some on the host: OPEN, CREATE over them, OPENDIR and
 // truncation must all fail promptly, without the daemon ever opening the
-// node, and the daemon keeps serving.
+// node, and the daemon keeps serving. With inodes held as O_PATH fds
+// (--inode-file-handles=never), whose fds show that the check of the
+// daemon's fds sees the nodes, and as file handles (the default), where
+// each request opens its own O_PATH fd.
 func TestCVE2020_35517(t *testing.T) {
-	e := escStart(t)
+	for _, mode := range []string{"fds", "handles"} {
+		t.Run(mode, func(t *testing.T) {
+			var extra []string
+			if mode == "fds" {
+				extra = []string{"--inode-file-handles=never"}
+			}
+			testCVE2020_35517(t, escStart(t, extra...), mode == "fds")
+		})
+	}
+}
+
+func testCVE2020_35517(t *testing.T, e *escEnv, inodeFDs bool) {
 	const rdevNull = 1<<8 | 3 // new_encode_dev(MKDEV(1, 3))
 	fifo, errno := e.entry(vmm.OpMknod, vmm.RootID, append(escMknodArgs(syscall.S_IFIFO|0o666, 0), escZ("fifo")...))
 	if errno != 0 {
@@ -1158,7 +1172,7 @@ func TestCVE2020_35517(t *testing.T) {
 		if len(bad) > 0 {
 			t.Errorf("the daemon holds %s open for I/O: %s", name, strings.Join(bad, ", "))
 		}
-		if fds == 0 {
+		if inodeFDs && fds == 0 {
 			t.Errorf("no fd of the daemon on %s (its O_PATH inode fd): the check above saw nothing", name)
 		}
 		// Still a plain metadata object: GETATTR and chmod work.
@@ -1439,13 +1453,14 @@ func TestForgetAbuse(t *testing.T) {
 // invented ids (random, and near the real ones: other generation, next
 // slot) in GETATTR, READ, WRITE, OPEN, SETATTR and LOOKUP: each must fail
 // with EBADF/ESTALE/ENOENT, never answer with another file's data and never
-// change another file. With --inode-file-handles=prefer too.
+// change another file. With inodes held as handles (the default,
+// --inode-file-handles=prefer) and as fds (never).
 func TestStaleIDs(t *testing.T) {
 	for _, mode := range []string{"fds", "handles"} {
 		t.Run(mode, func(t *testing.T) {
 			var extra []string
-			if mode == "handles" {
-				extra = []string{"--inode-file-handles=prefer"}
+			if mode == "fds" {
+				extra = []string{"--inode-file-handles=never"}
 			}
 			e := escStart(t, extra...)
 			rnd := rand.New(rand.NewPCG(3, 4))

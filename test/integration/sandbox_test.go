@@ -114,10 +114,18 @@ func TestSandboxConfinement(t *testing.T) {
 		args []string
 		caps uint64
 	}{
-		{"namespace", []string{"--sandbox", "namespace"}, keptCaps},
-		{"chroot", []string{"-o", "sandbox=chroot"}, keptCaps},
-		{"file-handles", []string{"--inode-file-handles", "prefer"}, keptCaps | 1<<capDacReadSearch},
-		{"modcaps", []string{"--modcaps", "-mknod:+SYS_ADMIN"}, keptCaps&^(1<<capMknod) | 1<<capSysAdmin},
+		// The default --inode-file-handles=prefer keeps
+		// CAP_DAC_READ_SEARCH: the share's file system (the test's
+		// temporary directory) gives file handles.
+		{"namespace", []string{"--sandbox", "namespace"}, keptCaps | 1<<capDacReadSearch},
+		{"chroot", []string{"-o", "sandbox=chroot"}, keptCaps | 1<<capDacReadSearch},
+		// The rest in the namespace sandbox, whatever the run's
+		// GOVIRTIOFSD_INTEGRATION_SANDBOX.
+		{"fds", []string{"--sandbox", "namespace", "--inode-file-handles", "never"}, keptCaps},
+		{"file-handles", []string{"--sandbox", "namespace", "--inode-file-handles", "mandatory"}, keptCaps | 1<<capDacReadSearch},
+		{"modcaps", []string{"--sandbox", "namespace", "--modcaps", "-mknod:+SYS_ADMIN"},
+			keptCaps&^(1<<capMknod) | 1<<capSysAdmin | 1<<capDacReadSearch},
+		{"modcaps-handles", []string{"--sandbox", "namespace", "--modcaps", "-dac_read_search"}, keptCaps},
 		{"none", []string{"--sandbox", "none"}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -425,7 +433,13 @@ func TestSandboxUnprivileged(t *testing.T) {
 		if pid == d.Pid() {
 			t.Fatal("no sandboxed child")
 		}
+		// --inode-file-handles=prefer, the default, falls back to fds
+		// with one line: no CAP_DAC_READ_SEARCH in the host's user
+		// namespace.
 		checkThreads(t, pid, keptCaps)
+		if n := d.logCount("inode file handles unusable here"); n != 1 {
+			t.Errorf("%d log lines on file handles, want 1\n%s", n, d.Tail(20))
+		}
 		if got := statusField(t, fmt.Sprintf("/proc/%d/status", pid), "Uid"); !strings.HasPrefix(got, strconv.Itoa(int(uid))+"\t") {
 			t.Errorf("daemon's Uid %q, want host uid %d", got, uid)
 		}
@@ -448,6 +462,9 @@ func TestSandboxUnprivileged(t *testing.T) {
 		if u, g := owner(t, filepath.Join(d.dir, "f")); u != uid || g != gid {
 			t.Errorf("file is %d:%d on the host, want %d:%d", u, g, uid, gid)
 		}
+		if n := d.logCount("inode file handles unusable here"); n != 1 {
+			t.Errorf("%d log lines on file handles, want 1\n%s", n, d.Tail(20))
+		}
 	})
 
 	for _, tc := range []struct {
@@ -457,6 +474,8 @@ func TestSandboxUnprivileged(t *testing.T) {
 	}{
 		{"chroot", []string{"--sandbox", "chroot"}, "govirtiofsd: --sandbox chroot needs root"},
 		{"namespace-without-maps", []string{"--sandbox", "namespace"}, "govirtiofsd: --sandbox namespace as non-root needs --uid-map and --gid-map"},
+		{"mandatory-handles", []string{"--sandbox", "none", "--inode-file-handles", "mandatory"},
+			"govirtiofsd: --inode-file-handles=mandatory: open_by_handle_at is not permitted"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := startDaemonWith(t, daemonSpec{cred: cred}, tc.args...)
