@@ -72,27 +72,33 @@ func walkShareTmpfs(t *testing.T, files int) string {
 	return dir
 }
 
-// walkShareOverlay is an overlayfs mounted as container runtimes mount a
-// container's root: lower, upper and work directories on one tmpfs, the
-// tree in the lower layer (the image), nfs_export off (its default), so
-// name_to_handle_at answers EOPNOTSUPP and a daemon cannot hold its inodes
-// as file handles.
+// walkShareOverlay is an overlayfs holding the tree (mountWalkOverlay).
 func walkShareOverlay(t *testing.T, files int) string {
 	t.Helper()
+	merged := t.TempDir()
+	mountWalkOverlay(t, merged, files)
+	return merged
+}
+
+// mountWalkOverlay mounts on mnt an overlayfs as container runtimes mount
+// a container's root: lower, upper and work directories on a tmpfs of
+// their own, the tree in the lower layer (the image), nfs_export off (its
+// default), so name_to_handle_at answers EOPNOTSUPP and a daemon cannot
+// hold its inodes as file handles.
+func mountWalkOverlay(t *testing.T, mnt string, files int) {
+	t.Helper()
 	base := mountTmpfs(t)
-	for _, d := range []string{"lower", "upper", "work", "merged"} {
+	for _, d := range []string{"lower", "upper", "work"} {
 		if err := os.Mkdir(filepath.Join(base, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
 	makeWalkTree(t, filepath.Join(base, "lower"), files)
-	merged := filepath.Join(base, "merged")
 	opts := fmt.Sprintf("lowerdir=%s/lower,upperdir=%s/upper,workdir=%s/work,nfs_export=off", base, base, base)
-	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
-		t.Fatalf("mount overlay %s on %s: %v", opts, merged, err)
+	if err := unix.Mount("overlay", mnt, "overlay", 0, opts); err != nil {
+		t.Fatalf("mount overlay %s on %s: %v", opts, mnt, err)
 	}
-	t.Cleanup(func() { _ = unix.Unmount(merged, unix.MNT_DETACH) })
-	return merged
+	t.Cleanup(func() { _ = unix.Unmount(mnt, unix.MNT_DETACH) })
 }
 
 // ---------------------------------------------------------------------------

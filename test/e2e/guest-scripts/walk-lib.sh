@@ -3,9 +3,10 @@
 # not a script of its own: it only defines functions).
 #
 # walk_op OP DIR: one walk of DIR, timed. OP is
-#   find   find DIR -type f, the list kept in /tmp/walk.list (for stat)
+#   find   find DIR -type f, the list kept in /tmp/walk.DIR.list (for stat2;
+#          DIR with its slashes as dots)
 #   ls     ls -lR DIR, the regular files (lines starting with '-') counted
-#   stat2  every file of /tmp/walk.list lstat'ed twice (fsops lstatlist:
+#   stat2  every file of DIR's list lstat'ed twice (fsops lstatlist:
 #          busybox xargs garbles a list this long under TCG), as git
 #          status lstat's every file of its index; the list is made first,
 #          untimed, if no find made it
@@ -24,16 +25,17 @@ walk_cs() {
 walk_op() {
 	_op=$1
 	_wd=$2
+	_list=/tmp/walk$(echo "$_wd" | tr / .).list
 	: >/tmp/walk.err
-	if [ "$_op" = stat2 ] && [ ! -s /tmp/walk.list ]; then
-		find "$_wd" -type f >/tmp/walk.list 2>/dev/null
+	if [ "$_op" = stat2 ] && [ ! -s "$_list" ]; then
+		find "$_wd" -type f >"$_list" 2>/dev/null
 	fi
 	_t0=$(walk_cs)
 	case $_op in
 	find)
-		find "$_wd" -type f >/tmp/walk.list 2>/tmp/walk.err
+		find "$_wd" -type f >"$_list" 2>/tmp/walk.err
 		_rc=$?
-		_n=$(wc -l </tmp/walk.list)
+		_n=$(wc -l <"$_list")
 		;;
 	ls)
 		ls -lR "$_wd" >/tmp/walk.ls 2>/tmp/walk.err
@@ -45,7 +47,7 @@ walk_op() {
 		_rc=0
 		_n=0
 		for _pass in 1 2; do
-			fsops lstatlist /tmp/walk.list >/tmp/walk.out 2>>/tmp/walk.err || _rc=$?
+			fsops lstatlist "$_list" >/tmp/walk.out 2>>/tmp/walk.err || _rc=$?
 			read -r _st _ </tmp/walk.out
 			case $_st in
 			stat=*) _n=$((_n + ${_st#stat=})) ;;
