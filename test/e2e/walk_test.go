@@ -323,7 +323,7 @@ func walkSize() walkRun {
 // (8192): far fewer fds than inodes. Each walk must finish with exit status
 // 0, no error on the guest's stderr (no EMFILE, ENFILE or ESTALE) and
 // the exact count. The host counts the daemon's fds every 200 ms meanwhile
-// and logs the most and the last, per walk.
+// and logs the most and the last, per walk. The two subtests run at once.
 //
 //   - tmpfs: handles hold the inodes (--inode-file-handles=prefer, the
 //     default from issue 31; said explicitly to a daemon whose --help
@@ -346,7 +346,10 @@ func TestGuestWalk(t *testing.T) {
 	}
 	size := walkSize()
 	base := []string{"--cache", "auto", "--rlimit-nofile", strconv.Itoa(size.nofile), "--log-level", "info"}
+	// The two guests walk at once: each walk is mostly one guest process
+	// and one daemon thread, and make test has 2 minutes for both.
 	t.Run("tmpfs", func(t *testing.T) {
+		t.Parallel()
 		extra := base
 		if !handlesByDefault(t) {
 			t.Logf("this daemon holds inodes as fds by default: asking for --inode-file-handles=prefer")
@@ -355,6 +358,7 @@ func TestGuestWalk(t *testing.T) {
 		scenarioWalk(t, k, walkShareTmpfs(t, size.files), size, extra)
 	})
 	t.Run("overlayfs", func(t *testing.T) {
+		t.Parallel()
 		if !hasFDBudget(t) && os.Getenv("GOVIRTIOFSD_E2E_WALK_ALL") != "1" {
 			t.Skipf("the daemon's --help has no --inode-fd-budget: without an fd budget an overlayfs share without nfs_export costs one fd per inode and this walk of %d files fails with EMFILE under --rlimit-nofile %d (GOVIRTIOFSD_E2E_WALK_ALL=1 runs it anyway)",
 				size.files, size.nofile)
