@@ -523,11 +523,14 @@ func (s benchSample) String() string {
 	return fmt.Sprintf("%.1f%s", s.val, mark)
 }
 
-// benchLine lists the latest sample of every configuration, with the
-// cores the rest of the host used meanwhile.
+// benchLine lists the latest sample of every configuration that runs w,
+// with the cores the rest of the host used meanwhile.
 func benchLine(runs []*benchRun, w benchWorkload) string {
 	var b strings.Builder
 	for _, r := range runs {
+		if !r.cfg.runs(w) {
+			continue
+		}
 		if ss := r.res[w.name]; len(ss) > 0 {
 			s := ss[len(ss)-1]
 			fmt.Fprintf(&b, "  %s %.1f (other %.1f cores)", r.cfg.name, s.val, s.other)
