@@ -178,10 +178,12 @@ const benchOtherLoad = 0.3
 // GOVIRTIOFSD_BENCH_SIZE file size per job (default 64M),
 // GOVIRTIOFSD_BENCH_CONFIGS a comma-separated subset of ours, ours-2q,
 // ref-pool0, ref-pool2, rust-pool0, rust-pool2, and of ours-pool0, ours-pool1, ours-auto, ref-pool0-auto, rust-pool0-auto,
-// ours-packed and ours-2q-packed (packed=on: packed virtqueues), which run only
+// rust114-pool0, rust114-pool0-auto (the Rust virtiofsd 1.14), ours-packed and ours-2q-packed (packed=on: packed virtqueues), which run only
 // when named (and alt, alt-2q: the build GOVIRTIOFSD_BENCH_ALT names, with
 // our default settings, for A/B comparisons in one run),
-// GOVIRTIOFSD_BENCH_WORKLOADS a regexp on workload names.
+// GOVIRTIOFSD_BENCH_WORKLOADS a regexp on workload names,
+// GOVIRTIOFSD_BENCH_WALK_FILES the files of the walk-* rows' trees
+// (bench_walk_test.go; default 100,000).
 func TestBenchGuest(t *testing.T) {
 	if os.Getenv("GOVIRTIOFSD_E2E_BENCH") != "1" {
 		t.Skip("set GOVIRTIOFSD_E2E_BENCH=1 to run the guest benchmark (make bench-guest)")
