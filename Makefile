@@ -13,7 +13,8 @@
 #   make test       everything CI runs: vet, unit + integration (-race,
 #                   --sandbox none), integration against the static daemon
 #                   in its default sandbox (and the escape tests in chroot),
-#                   each fuzz target briefly, one guest boot per kernel
+#                   each fuzz target briefly, one guest boot per kernel,
+#                   a 20,000-file walk from a guest (TestGuestWalk)
 #   make integration-sandbox  the integration suite against bin/govirtiofsd
 #                   with the default --sandbox namespace --seccomp kill
 #   make e2e        the guest boot tests alone (QEMU 7.2 + Linux, TCG)
@@ -21,7 +22,8 @@
 #   make fuzz       every fuzz target for FUZZTIME each (default 60s)
 #   make bench      -benchmem microbenchmarks and the side-by-side run against
 #                   the reference C virtiofsd and the Rust virtiofsd (test/bench)
-#   make bench-guest fio from a TCG guest against both daemons (not in make test)
+#   make bench-guest fio and big-tree walks from a TCG guest against every daemon
+#                   (not in make test)
 #   make soak       SOAK_DURATION (default 1h) of fio verify + metadata churn in
 #                   a TCG guest while the daemon's RSS, fds, threads, goroutines,
 #                   inodes and handles are sampled; fails on unbounded growth or
@@ -143,18 +145,23 @@ bench: test-deps build
 # ours-2q-packed (packed virtqueues: packed=on; with ours and ours-2q the
 # table gets packed/split ratios) run only when named.
 # BENCHGUEST_ALT=path/to/another/govirtiofsd adds configurations alt and
-# alt-2q (A/B comparisons in one run). Under TCG the guest is the
-# bottleneck: figures, not targets.
+# alt-2q (A/B comparisons in one run). The walk-* rows (find, ls -lR and
+# two lstat passes over BENCHGUEST_WALK_FILES empty files, default 100,000,
+# on tmpfs and on an overlayfs without nfs_export, with each daemon's most
+# fds) run on ours, the C and both Rust daemons (1.13, 1.14) with their
+# defaults and cache auto: BENCHGUEST_WORKLOADS='^walk' runs just them.
+# Under TCG the guest is the bottleneck: figures, not targets.
 BENCHGUEST_RUNTIME ?= 5
 BENCHGUEST_ROUNDS ?= 2
 BENCHGUEST_SIZE ?= 64M
 BENCHGUEST_CONFIGS ?=
 BENCHGUEST_WORKLOADS ?=
 BENCHGUEST_ALT ?=
+BENCHGUEST_WALK_FILES ?= 100000
 bench-guest: deps test-deps build
 	GOVIRTIOFSD_E2E_BENCH=1 GOVIRTIOFSD_BIN=$(CURDIR)/$(BIN) \
 	GOVIRTIOFSD_BENCH_RUNTIME=$(BENCHGUEST_RUNTIME) GOVIRTIOFSD_BENCH_ROUNDS=$(BENCHGUEST_ROUNDS) \
-	GOVIRTIOFSD_BENCH_SIZE=$(BENCHGUEST_SIZE) \
+	GOVIRTIOFSD_BENCH_SIZE=$(BENCHGUEST_SIZE) GOVIRTIOFSD_BENCH_WALK_FILES=$(BENCHGUEST_WALK_FILES) \
 	GOVIRTIOFSD_BENCH_CONFIGS='$(BENCHGUEST_CONFIGS)' GOVIRTIOFSD_BENCH_WORKLOADS='$(BENCHGUEST_WORKLOADS)' \
 	GOVIRTIOFSD_BENCH_ALT='$(if $(BENCHGUEST_ALT),$(abspath $(BENCHGUEST_ALT)))' \
 		$(GO) test -count=1 -v -run '^TestBenchGuest$$' -timeout 120m ./test/e2e/

@@ -24,6 +24,8 @@ type benchConfig struct {
 	extra  []string // daemon arguments after the standard ones
 	queues int      // num-request-queues
 	packed bool     // packed=on: the guest must negotiate packed rings (requirePacked)
+	// onlyWalk: added for the walk rows (withWalkConfigs), it runs no other.
+	onlyWalk bool
 }
 
 var benchConfigs = []benchConfig{
@@ -54,16 +56,23 @@ var benchOptionalConfigs = []benchConfig{
 	{name: "ours-auto", kind: ourDaemon, extra: []string{"--cache", "auto", "--log-level", "info"}, queues: 1},
 	{name: "ref-pool0-auto", kind: refDaemon, extra: []string{"-o", "cache=auto", "--thread-pool-size=0"}, queues: 1},
 	{name: "rust-pool0-auto", kind: rustDaemon, extra: []string{"--cache", "auto", "--thread-pool-size=0"}, queues: 1},
+	// The Rust virtiofsd 1.14 (sid; make test-deps), as rust-pool0 and
+	// rust-pool0-auto: file handles by default (--inode-file-handles=prefer).
+	{name: "rust114-pool0", kind: rust114Daemon, extra: []string{"--thread-pool-size=0"}, queues: 1},
+	{name: "rust114-pool0-auto", kind: rust114Daemon, extra: []string{"--cache", "auto", "--thread-pool-size=0"}, queues: 1},
 	// Ours on packed virtqueues (packed=on), 1 and 2 request queues:
 	// beside ours and ours-2q the table gets packed/split ratios.
 	{name: "ours-packed", kind: ourDaemon, extra: []string{"--cache", "never", "--log-level", "info"}, queues: 1, packed: true},
 	{name: "ours-2q-packed", kind: ourDaemon, extra: []string{"--cache", "never", "--log-level", "info"}, queues: 2, packed: true},
 }
 
-// benchWorkload is one fio run (guest-scripts/bench.sh).
+// benchWorkload is one fio run (guest-scripts/bench.sh), a files-* phase
+// (rw files, bs the phase, depth the files) or a walk (rw walk, bs the
+// walk, depth the files of the tree in dir).
 type benchWorkload struct {
 	name, rw, bs string
 	depth, jobs  int
+	dir          string
 }
 
 // filesCount is the size of the files-* workloads' directory.
@@ -73,35 +82,49 @@ const filesCount = 1500
 var reFilesTime = regexp.MustCompile(`E2E-TIME (\S+) (\d+)$`)
 
 func (w benchWorkload) spec() string {
+	if w.rw == "walk" {
+		return fmt.Sprintf("%s walk %s %d %s", w.name, w.bs, w.depth, w.dir)
+	}
 	return fmt.Sprintf("%s %s %s %d %d", w.name, w.rw, w.bs, w.depth, w.jobs)
 }
 
+// fio reports whether w is a fio workload.
+func (w benchWorkload) fio() bool { return w.rw != "files" && w.rw != "walk" }
+
+// timeout bounds one run of w.
+func (w benchWorkload) timeout(runtime int) time.Duration {
+	if w.rw == "walk" {
+		return walkTimeout(w.depth)
+	}
+	return time.Duration(runtime)*time.Second + 2*time.Minute // + layout, slow hosts
+}
+
 // The workloads in run order: writes first, so the reads find all four
-// files (numjobs=4) already there.
-func benchWorkloads() []benchWorkload {
+// files (numjobs=4) already there; the walks (walkFiles files) last.
+func benchWorkloads(walkFiles int) []benchWorkload {
 	var ws []benchWorkload
 	for _, rw := range []string{"write", "read"} {
 		for _, jobs := range []int{1, 4} {
 			for _, depth := range []int{16, 64} {
-				ws = append(ws, benchWorkload{fmt.Sprintf("seq-1m-qd%d-j%d-%s", depth, jobs, rw), rw, "1m", depth, jobs})
+				ws = append(ws, benchWorkload{name: fmt.Sprintf("seq-1m-qd%d-j%d-%s", depth, jobs, rw), rw: rw, bs: "1m", depth: depth, jobs: jobs})
 			}
 		}
 	}
 	for _, rw := range []string{"write", "read"} {
 		for _, jobs := range []int{1, 4} {
-			ws = append(ws, benchWorkload{fmt.Sprintf("rand-4k-qd16-j%d-%s", jobs, rw), "rand" + rw, "4k", 16, jobs})
+			ws = append(ws, benchWorkload{name: fmt.Sprintf("rand-4k-qd16-j%d-%s", jobs, rw), rw: "rand" + rw, bs: "4k", depth: 16, jobs: jobs})
 		}
 	}
 	// One request at a time, as a shell or a build waits for each.
 	for _, rw := range []string{"write", "read"} {
-		ws = append(ws, benchWorkload{"rand-4k-qd1-j1-" + rw, "rand" + rw, "4k", 1, 1})
+		ws = append(ws, benchWorkload{name: "rand-4k-qd1-j1-" + rw, rw: "rand" + rw, bs: "4k", depth: 1, jobs: 1})
 	}
 	// A directory of 1,500 files created, listed (ls -l), stat'ed and
 	// removed, each phase one process in the guest (bench.sh files_run).
 	for _, op := range []string{"create", "ls", "stat", "unlink"} {
-		ws = append(ws, benchWorkload{"files-1500-" + op, "files", op, filesCount, 0})
+		ws = append(ws, benchWorkload{name: "files-1500-" + op, rw: "files", bs: op, depth: filesCount})
 	}
-	return ws
+	return append(ws, walkBenchWorkloads(walkFiles)...)
 }
 
 // benchRun is one configuration's daemon and guest.
@@ -119,9 +142,11 @@ type benchRun struct {
 // benchSample is one workload run: its figure and the CPU the rest of the
 // host used meanwhile.
 type benchSample struct {
-	val      float64 // MiB/s or IOPS (benchValue)
+	val      float64 // MiB/s or IOPS (benchValue); files per second (files-*, walk-*)
 	other    float64 // cores busy outside this test's daemons and guests
 	p50, p99 float64 // fio's completion latency percentiles, µs (fio workloads)
+	fds      int     // walk-*: the daemon's most fds during the walk
+	errs     int     // walk-*: the errors the guest saw
 }
 
 // benchOtherLoad: samples taken while other processes kept more than this
@@ -153,10 +178,12 @@ const benchOtherLoad = 0.3
 // GOVIRTIOFSD_BENCH_SIZE file size per job (default 64M),
 // GOVIRTIOFSD_BENCH_CONFIGS a comma-separated subset of ours, ours-2q,
 // ref-pool0, ref-pool2, rust-pool0, rust-pool2, and of ours-pool0, ours-pool1, ours-auto, ref-pool0-auto, rust-pool0-auto,
-// ours-packed and ours-2q-packed (packed=on: packed virtqueues), which run only
+// rust114-pool0, rust114-pool0-auto (the Rust virtiofsd 1.14), ours-packed and ours-2q-packed (packed=on: packed virtqueues), which run only
 // when named (and alt, alt-2q: the build GOVIRTIOFSD_BENCH_ALT names, with
 // our default settings, for A/B comparisons in one run),
-// GOVIRTIOFSD_BENCH_WORKLOADS a regexp on workload names.
+// GOVIRTIOFSD_BENCH_WORKLOADS a regexp on workload names,
+// GOVIRTIOFSD_BENCH_WALK_FILES the files of the walk-* rows' trees
+// (bench_walk_test.go; default 100,000).
 func TestBenchGuest(t *testing.T) {
 	if os.Getenv("GOVIRTIOFSD_E2E_BENCH") != "1" {
 		t.Skip("set GOVIRTIOFSD_E2E_BENCH=1 to run the guest benchmark (make bench-guest)")
@@ -207,7 +234,7 @@ func TestBenchGuest(t *testing.T) {
 			}
 		}
 	}
-	workloads := benchWorkloads()
+	workloads := benchWorkloads(walkBenchFiles(t))
 	if s := os.Getenv("GOVIRTIOFSD_BENCH_WORKLOADS"); s != "" {
 		re, err := regexp.Compile(s)
 		if err != nil {
@@ -220,6 +247,9 @@ func TestBenchGuest(t *testing.T) {
 			}
 		}
 		workloads = keep
+	}
+	if os.Getenv("GOVIRTIOFSD_BENCH_CONFIGS") == "" {
+		cfgs = withWalkConfigs(t, cfgs, all, workloads)
 	}
 	var k guestKernel
 	for _, gk := range guestKernels(t) {
@@ -234,8 +264,11 @@ func TestBenchGuest(t *testing.T) {
 	start := time.Now()
 
 	// Boot every configuration; each guest waits for its first workload.
-	perWorkload := time.Duration(runtime)*time.Second + 2*time.Minute // + layout, slow hosts
-	total := 5*time.Minute + time.Duration(rounds*len(workloads)*len(cfgs))*perWorkload
+	total := 5 * time.Minute
+	for _, w := range workloads {
+		total += time.Duration(rounds*len(cfgs)) * w.timeout(runtime)
+	}
+	walks := slices.ContainsFunc(workloads, func(w benchWorkload) bool { return w.rw == "walk" })
 	runs := make([]*benchRun, len(cfgs))
 	for i, c := range cfgs {
 		r := &benchRun{cfg: c, dir: filepath.Join(root, c.name), res: map[string][]benchSample{}}
@@ -243,6 +276,9 @@ func TestBenchGuest(t *testing.T) {
 			t.Fatal(err)
 		}
 		share := benchShare(t, size, 4)
+		if walks && c.cacheAuto() {
+			prepareWalkShare(t, share, workloads[len(workloads)-1].depth)
+		}
 		sockDir, err := os.MkdirTemp("", "bench-")
 		if err != nil {
 			t.Fatal(err)
@@ -286,13 +322,17 @@ func TestBenchGuest(t *testing.T) {
 		for wi, w := range workloads {
 			for j := range runs {
 				r := runs[(wi+round+j)%len(runs)]
-				if r.failed != "" {
+				if r.failed != "" || !r.cfg.runs(w) {
+					continue
+				}
+				if w.rw == "walk" {
+					r.runWalk(t, w, ours)
 					continue
 				}
 				from := len(r.v.consoleLines())
 				cpu0 := sampleCPU(ours)
 				r.v.answer(w.spec())
-				if !r.next(perWorkload) {
+				if !r.next(w.timeout(runtime)) {
 					continue
 				}
 				other := sampleCPU(ours).otherCores(cpu0)
@@ -485,11 +525,14 @@ func (s benchSample) String() string {
 	return fmt.Sprintf("%.1f%s", s.val, mark)
 }
 
-// benchLine lists the latest sample of every configuration, with the
-// cores the rest of the host used meanwhile.
+// benchLine lists the latest sample of every configuration that runs w,
+// with the cores the rest of the host used meanwhile.
 func benchLine(runs []*benchRun, w benchWorkload) string {
 	var b strings.Builder
 	for _, r := range runs {
+		if !r.cfg.runs(w) {
+			continue
+		}
 		if ss := r.res[w.name]; len(ss) > 0 {
 			s := ss[len(ss)-1]
 			fmt.Fprintf(&b, "  %s %.1f (other %.1f cores)", r.cfg.name, s.val, s.other)
@@ -507,6 +550,11 @@ func benchTable(runs []*benchRun, workloads []benchWorkload, k guestKernel, runt
 	fmt.Fprintf(&b, "Best of %d round(s); 1 MiB workloads in MiB/s, 4 KiB workloads in IOPS, files-* in files per second (%d files,\n", rounds, filesCount)
 	fmt.Fprintf(&b, "each phase one guest process, timed to 10 ms). best ref = the better of ref-pool0 and\n")
 	fmt.Fprintf(&b, "ref-pool2; ours/rust = ours / the better of rust-pool0 and rust-pool2.\n")
+	if w := slices.IndexFunc(workloads, func(w benchWorkload) bool { return w.rw == "walk" }); w >= 0 {
+		fmt.Fprintf(&b, "walk-*: find, ls -lR, and lstat of every file twice (stat2) over %d empty files in directories of %d,\n", workloads[w].depth, walkFilesPerDir)
+		fmt.Fprintf(&b, "on a tmpfs and on an overlayfs without nfs_export (a submount of the share), each walk after the guest dropped\n")
+		fmt.Fprintf(&b, "its caches, in files per second (stat2: lstat calls per second), on the cache=auto configurations only.\n")
+	}
 	has := map[string]bool{}
 	for _, r := range runs {
 		has[r.cfg.name] = true
@@ -585,6 +633,7 @@ func benchTable(runs []*benchRun, workloads []benchWorkload, k guestKernel, runt
 		b.WriteString("\n")
 	}
 	benchLatencyTable(&b, runs, workloads)
+	walkFDTable(&b, runs, workloads)
 	for _, r := range runs {
 		if r.failed != "" {
 			fmt.Fprintf(&b, "%s failed: %s\n", r.cfg.name, r.failed)
@@ -597,7 +646,7 @@ func benchTable(runs []*benchRun, workloads []benchWorkload, k guestKernel, runt
 // sample each configuration's row above shows (its best round), with ours'
 // p99 over the lowest reference p99.
 func benchLatencyTable(b *strings.Builder, runs []*benchRun, workloads []benchWorkload) {
-	if !slices.ContainsFunc(workloads, func(w benchWorkload) bool { return w.rw != "files" }) {
+	if !slices.ContainsFunc(workloads, benchWorkload.fio) {
 		return // files-* only: no fio latencies
 	}
 	fmt.Fprintf(b, "\nCompletion latency p50/p99 (µs, fio clat) of the same samples; p99 ratio = ours / the lowest p99 of\n")
@@ -607,7 +656,7 @@ func benchLatencyTable(b *strings.Builder, runs []*benchRun, workloads []benchWo
 	}
 	b.WriteString("  p99 ratio\n")
 	for _, w := range workloads {
-		if w.rw == "files" {
+		if !w.fio() {
 			continue
 		}
 		fmt.Fprintf(b, "%-24s", w.name)
@@ -703,7 +752,7 @@ func (s cpuSample) otherCores(earlier cpuSample) float64 {
 // TestBenchTablePacked: the packed/split ratio columns appear when both
 // halves of a pair ran (no root).
 func TestBenchTablePacked(t *testing.T) {
-	w := benchWorkload{"seq-1m-qd16-j1-write", "write", "1m", 16, 1}
+	w := benchWorkload{name: "seq-1m-qd16-j1-write", rw: "write", bs: "1m", depth: 16, jobs: 1}
 	run := func(name string, v float64) *benchRun {
 		return &benchRun{cfg: benchConfig{name: name}, res: map[string][]benchSample{w.name: {{val: v}}}}
 	}

@@ -175,6 +175,9 @@ const (
 	// rustDaemon is the Rust virtiofsd 1.13 (make test-deps) in its
 	// default sandbox (namespace, seccomp kill), --cache never.
 	rustDaemon
+	// rust114Daemon is the Rust virtiofsd 1.14 (make test-deps; sid),
+	// started as rustDaemon is.
+	rust114Daemon
 )
 
 func (k daemonKind) String() string {
@@ -185,6 +188,8 @@ func (k daemonKind) String() string {
 		return "govirtiofsd (alt)"
 	case rustDaemon:
 		return "virtiofsd (Rust)"
+	case rust114Daemon:
+		return "virtiofsd (Rust 1.14)"
 	}
 	return "govirtiofsd"
 }
@@ -215,6 +220,7 @@ func peersBin(t *testing.T, name string) string {
 const (
 	qemu10Wrapper  = "qemu-system-x86_64-10"
 	rustDaemonName = "virtiofsd-rust"
+	rust114Name    = "virtiofsd-rust-1.14"
 )
 
 type daemon struct {
@@ -250,6 +256,8 @@ func startDaemon(t *testing.T, kind daemonKind, sock, shared, logPath string, ex
 		line.Kind, bin = launch.Reference, launch.ReferenceBin
 	case rustDaemon:
 		line.Kind, bin = launch.Rust, peersBin(t, rustDaemonName)
+	case rust114Daemon:
+		line.Kind, bin = launch.Rust, peersBin(t, rust114Name)
 	case altDaemon:
 		bin = os.Getenv("GOVIRTIOFSD_BENCH_ALT")
 	default:
@@ -303,7 +311,7 @@ func (d *daemon) fuseRequests(t *testing.T) []fuseRequest {
 	}
 	var reqs []fuseRequest
 	for _, line := range strings.Split(string(data), "\n") {
-		if d.kind == rustDaemon {
+		if d.kind == rustDaemon || d.kind == rust114Daemon {
 			// "Received request: opcode=Read (15), inode=N, unique=..."
 			if m := reRustRequest.FindStringSubmatch(line); m != nil {
 				reqs = append(reqs, fuseRequest{Opcode: strings.ToUpper(m[1]), NodeID: m[2], Unique: m[3]})

@@ -4,8 +4,10 @@
 # once and the host runs one workload at a time, on each guest in turn.
 # Sourced by /init (step and e2e_ask come from there).
 #
-# An answer is "NAME RW BS IODEPTH NUMJOBS", or "NAME files OP COUNT 0" for
-# a timed metadata phase (files_run). Every workload uses files
+# An answer is "NAME RW BS IODEPTH NUMJOBS", "NAME files OP COUNT 0" for
+# a timed metadata phase (files_run), or "NAME walk OP FILES DIR" for a walk
+# of the host-made tree /mnt/DIR (walk-lib.sh's walk_op, after walk_drop:
+# every walk starts cold; output its E2E-WALK line). Every workload uses files
 # DIR/bench.N (one per job), libaio, O_DIRECT, time_based, group_reporting,
 # no verify; the files stay between workloads (reads read what earlier
 # writes left; fio lays out missing ones first, outside the measurement).
@@ -16,6 +18,7 @@
 #   e2e.asktimeout=SECS    (guest-init.sh) how long to wait for the next one
 #
 # Output: step "bench-NAME" with one line "E2E-FIO NAME <fio terse v3 line>".
+. /e2e/scripts/walk-lib.sh
 _dir=/mnt/bench
 mkdir -p $_dir
 
@@ -69,6 +72,10 @@ while :; do
 	set -- $_w
 	case $2 in
 	files) step "bench-$1" files_run "$1" "$3" "$4" ;;
+	walk)
+		walk_drop
+		step "bench-$1" walk_op "$3" "/mnt/$5"
+		;;
 	*) step "bench-$1" bench_run "$@" ;;
 	esac
 done

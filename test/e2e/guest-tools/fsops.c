@@ -31,6 +31,12 @@
 //   fsops fifo PATH                         open a FIFO O_RDWR|O_NONBLOCK, write and read back
 //   fsops chr PATH N                        read N bytes from a device node: "bytes=N zero=1"
 //   fsops mtime PATH                        st_mtime and st_atime seconds
+//   fsops lstatlist LIST                    lstat every path of LIST (one a line), as git status
+//                                           lstat's every file of its index: "stat=N errors=E"
+//                                           (N answered), each failure on stderr as
+//                                           "fsops: lstat PATH: <strerror>" (busybox xargs
+//                                           garbles long lists under TCG: it repeats and splices
+//                                           names)
 //   fsops ftrunc PATH SIZE                  ftruncate through an open fd
 //   fsops fsyncdir PATH                     fsync on a directory fd
 //   fsops mmap PATH shared|private|write    map the first page: "ok:<first 5 bytes>", or
@@ -754,6 +760,31 @@ static int do_mtime(char **a) {
 	return 0;
 }
 
+static int do_lstatlist(char **a) {
+	FILE *f = fopen(a[0], "r");
+	if (!f)
+		return fail();
+	char *line = NULL;
+	size_t cap = 0;
+	ssize_t len;
+	long long ok = 0, bad = 0;
+	struct stat st;
+	while ((len = getline(&line, &cap, f)) > 0) {
+		if (line[len - 1] == '\n')
+			line[len - 1] = 0;
+		if (lstat(line, &st) == 0) {
+			ok++;
+		} else {
+			bad++;
+			fprintf(stderr, "fsops: lstat %s: %s\n", line, strerror(errno));
+		}
+	}
+	free(line);
+	fclose(f);
+	printf("stat=%lld errors=%lld\n", ok, bad);
+	return 0;
+}
+
 int main(int argc, char **argv) {
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (argc < 2)
@@ -790,6 +821,7 @@ int main(int argc, char **argv) {
 	CMD("fifo", 1, do_fifo(a));
 	CMD("chr", 2, do_chr(a));
 	CMD("mtime", 1, do_mtime(a));
+	CMD("lstatlist", 1, do_lstatlist(a));
 	CMD("ftrunc", 2, do_ftrunc(a));
 	CMD("fsyncdir", 1, do_fsyncdir(a));
 	CMD("mmap", 2, do_mmap(a));
