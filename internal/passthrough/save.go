@@ -80,12 +80,12 @@ func (f *FS) heldInodes() (inodes []heldInode, lockable []*inode) {
 	for si := range f.keys {
 		ks := &f.keys[si]
 		ks.mu.Lock()
-		for _, i := range ks.m {
+		ks.each(func(i *inode) {
 			if !i.pinned && i.tryRef() {
 				inodes = append(inodes, heldInode{i, i.nlookup})
 				lockable = append(lockable, i)
 			}
-		}
+		})
 		ks.mu.Unlock()
 	}
 	slices.SortFunc(inodes, func(a, b heldInode) int { return cmpU64(a.i.id, b.i.id) })

@@ -227,7 +227,7 @@ func TestConcurrentLookupsForgetsReads(t *testing.T) {
 	tf.nodes.drain(func(i *inode) {
 		ks := &tf.keys[i.key.hash()%keyShards]
 		ks.mu.Lock()
-		delete(ks.m, i.key)
+		ks.remove(i)
 		ks.mu.Unlock()
 		i.put()
 	})
