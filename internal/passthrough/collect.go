@@ -213,7 +213,7 @@ func (f *FS) closeInodeFD(fd int) {
 // same device, inode number and mount, the same type and, for an inode
 // held by file handle, the same handle (an inode number can be reused).
 func (f *FS) isObject(fd int, st *unix.Statx_t, i *inode) bool {
-	if !keyOf(st).sameObject(i.key) || uint32(st.Mode)&unix.S_IFMT != i.ftype {
+	if !keyOf(st).sameObject(i.key) || st.Mode&unix.S_IFMT != i.ftype {
 		return false
 	}
 	if i.key.handle != "" {

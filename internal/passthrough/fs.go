@@ -333,14 +333,7 @@ func (f *FS) reset() {
 	for _, i := range dead {
 		i.put()
 	}
-	// Lock owners on the root.
-	f.root.lockMu.Lock()
-	for _, fd := range f.root.plocks {
-		sysClose(fd)
-		f.locks.Add(-1)
-	}
-	f.root.plocks = nil
-	f.root.lockMu.Unlock()
+	f.dropLocks(f.root) // lock owners on the root
 }
 
 // Stats reports how many inodes and handles the guest holds and how many

@@ -50,13 +50,19 @@ func (k inodeKey) hash() uint32 {
 // as long as anything refers to it: the table (while the guest's lookup
 // count is above zero), each request using it, and each open handle.
 type inode struct {
-	id    uint64
-	key   inodeKey
-	fd    int // O_PATH|O_NOFOLLOW, or -1 when held as a file handle
+	id  uint64
+	key inodeKey
+	fd  int // O_PATH|O_NOFOLLOW, or -1 when held as a file handle
 	// mnt is the mount fd key.handle opens on when the inode is held as a
 	// file handle (fd is then -1); nil when it is held by fd.
 	mnt   *mountFD
-	ftype uint32 // S_IFMT bits; an object's type never changes
+	ftype uint16 // S_IFMT bits; an object's type never changes
+	// pinned inodes (the root) ignore nlookup.
+	pinned bool
+	// stale inodes were restored by a migration (MigrationGuestError)
+	// without a host object: fd is -1, mnt nil, and every request on
+	// them answers ESTALE; FORGET still drops them.
+	stale bool
 	// wait caches fileWait for the object's file system, which never
 	// changes either.
 	wait atomic.Uint32
@@ -64,17 +70,10 @@ type inode struct {
 	refs atomic.Int64
 
 	// nlookup is the guest's lookup count, guarded by the key shard's
-	// mutex. pinned inodes (the root) ignore it.
+	// mutex.
 	nlookup uint64
-	pinned  bool
-	// stale inodes were restored by a migration (MigrationGuestError)
-	// without a host object: fd is -1, mnt nil, and every request on
-	// them answers ESTALE; FORGET still drops them.
-	stale bool
 
-	// POSIX lock state: one open file description per lock owner.
-	lockMu sync.Mutex
-	plocks map[uint64]int
+	locks atomic.Pointer[posixLocks] // made at the first POSIX lock
 
 	fs *FS
 
@@ -148,13 +147,7 @@ func (i *inode) put() {
 	if i.refs.Add(-1) != 0 {
 		return
 	}
-	i.lockMu.Lock()
-	for _, fd := range i.plocks {
-		sysClose(fd)
-		i.fs.locks.Add(-1)
-	}
-	i.plocks = nil
-	i.lockMu.Unlock()
+	i.fs.dropLocks(i)
 	if i.fd >= 0 {
 		sysClose(i.fd)
 		i.fs.inodeFDs.Add(-1)
@@ -389,7 +382,7 @@ func (f *FS) keyFor(fd int, st *unix.Statx_t) (inodeKey, syscall.Errno) {
 // lookup and the table's reference, in no table yet. It takes ownership of
 // fd, closing it on failure or when the inode is held by file handle.
 func (f *FS) newInode(fd int, st *unix.Statx_t, key inodeKey) (*inode, syscall.Errno) {
-	i := &inode{key: key, fd: fd, ftype: uint32(st.Mode) & unix.S_IFMT, nlookup: 1, fs: f}
+	i := &inode{key: key, fd: fd, ftype: uint16(st.Mode & unix.S_IFMT), nlookup: 1, fs: f}
 	if key.handle != "" {
 		opath := -1
 		if i.isDir() {

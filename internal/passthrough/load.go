@@ -220,7 +220,7 @@ func (l *loader) stageInode(k int32) error {
 			return fmt.Errorf("migration: node %#x (%s): %s", r.ID, r.Where(), why)
 		}
 		l.f.log.Warn("passthrough: migration: inode restored stale", "node", r.ID, "location", r.Where(), "why", why)
-		i = &inode{key: inodeKey{dev: staleDev, ino: r.ID}, fd: -1, ftype: r.Type, stale: true, fs: l.f}
+		i = &inode{key: inodeKey{dev: staleDev, ino: r.ID}, fd: -1, ftype: uint16(r.Type), stale: true, fs: l.f}
 		i.refs.Store(1)
 	}
 	i.id, i.nlookup = r.ID, lookups
