@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"testing"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
@@ -17,12 +18,19 @@ import (
 // collection (B/inode), heap objects per inode (objs/inode) and the time
 // per LOOKUP. It is the inode table's share of the daemon's RssAnon per
 // inode (make bench-scale measures the whole daemon). With fds the share
-// is limited by RLIMIT_NOFILE, so that mode runs at 10k only.
+// is limited by RLIMIT_NOFILE, so that mode runs at 10k only;
+// PT_BENCH_INODES=N adds a file handle run of N inodes (1000000: some
+// 300 MB of tmpfs inodes and dentries, and a minute or two).
 func BenchmarkInodeMemory(b *testing.B) {
-	for _, c := range []struct {
+	type run struct {
 		mode FileHandleMode
 		n    int
-	}{{FileHandlesNever, 10_000}, {FileHandlesPrefer, 10_000}, {FileHandlesPrefer, 100_000}} {
+	}
+	runs := []run{{FileHandlesNever, 10_000}, {FileHandlesPrefer, 10_000}, {FileHandlesPrefer, 100_000}}
+	if n, err := strconv.Atoi(os.Getenv("PT_BENCH_INODES")); err == nil && n > 0 {
+		runs = append(runs, run{FileHandlesPrefer, n})
+	}
+	for _, c := range runs {
 		name := map[FileHandleMode]string{FileHandlesNever: "fd", FileHandlesPrefer: "handle"}[c.mode]
 		b.Run(fmt.Sprintf("%s/%dk", name, c.n/1000), func(b *testing.B) {
 			dir := manyFiles(b, c.n)
