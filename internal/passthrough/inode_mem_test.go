@@ -72,22 +72,28 @@ func BenchmarkInodeMemory(b *testing.B) {
 	}
 }
 
-// manyFiles makes a directory of n empty files named 0 .. n-1, on tmpfs
-// (/dev/shm) where there is one.
+// manyFiles makes a directory of n empty files named 0 .. n-1 (shmTempDir).
 func manyFiles(tb testing.TB, n int) string {
-	base := "/dev/shm"
-	if st, err := os.Stat(base); err != nil || !st.IsDir() {
-		base = tb.TempDir()
-	}
-	dir, err := os.MkdirTemp(base, "passthrough-inodes")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { os.RemoveAll(dir) })
+	dir := shmTempDir(tb, "passthrough-inodes")
 	for i := range n {
 		if err := unix.Mknod(filepath.Join(dir, fmt.Sprint(i)), unix.S_IFREG|0o644, 0); err != nil {
 			tb.Fatal(err)
 		}
 	}
+	return dir
+}
+
+// shmTempDir makes a directory removed when the test ends, on tmpfs
+// (/dev/shm) where there is one, as the shares the benchmarks measure are.
+func shmTempDir(tb testing.TB, pattern string) string {
+	base := "/dev/shm"
+	if st, err := os.Stat(base); err != nil || !st.IsDir() {
+		base = tb.TempDir()
+	}
+	dir, err := os.MkdirTemp(base, pattern)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
 }
