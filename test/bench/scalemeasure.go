@@ -109,8 +109,9 @@ func slabKiB() int {
 }
 
 // printScale prints one share's table: per configuration, the median over
-// its successful rounds of each figure, and the inodes found and errors of
-// its worst round. A directory whose LOOKUP failed is not walked: its
+// its successful rounds of each figure (the time is the worst round's
+// LOOKUPs at the median rate), and the inodes found and errors of its
+// worst round. A directory whose LOOKUP failed is not walked: its
 // files count as not found, not as errors.
 func printScale(out io.Writer, share *scaleShare, configs []ScaleConfig, runs []ScaleRun, opens int) {
 	fmt.Fprintf(out, "\nscale: %s, %d inodes (%d files in %d directories), LOOKUP of each kept, then OPEN of %d files; medians of %d run(s) per daemon\n",
@@ -153,7 +154,7 @@ func printScale(out io.Writer, share *scaleShare, configs []ScaleConfig, runs []
 			med(func(r *ScaleRun) float64 { return float64(r.FDs[1]) }),
 			med(func(r *ScaleRun) float64 { return float64(r.FDs[2]) }),
 			med((*ScaleRun).BytesPerInode), med((*ScaleRun).SlabPerInode), med((*ScaleRun).LookupRate),
-			med(func(r *ScaleRun) float64 { return r.LookupTime.Seconds() }),
+			float64(worst.Lookups)/med((*ScaleRun).LookupRate),
 			fmtErrnos(worst.LookupErrors), fmtErrnos(worst.OpenErrors))
 		if len(failed) > 0 {
 			fmt.Fprintf(out, "%-12s %d round(s) failed: %s\n", "", len(failed), strings.Join(failed, "; "))
