@@ -22,6 +22,9 @@
 #   make fuzz       every fuzz target for FUZZTIME each (default 60s)
 #   make bench      -benchmem microbenchmarks and the side-by-side run against
 #                   the reference C virtiofsd and the Rust virtiofsd (test/bench)
+#   make bench-scale the scale part of make bench: every file of a 100k-file
+#                   share looked up and kept, then 10k opened, on tmpfs, ext4
+#                   and overlayfs; fds, memory per inode, lookups/s, errors
 #   make bench-guest fio and big-tree walks from a TCG guest against every daemon
 #                   (not in make test)
 #   make soak       SOAK_DURATION (default 1h) of fio verify + metadata churn in
@@ -53,7 +56,7 @@ FUZZ_TARGETS := \
 	./internal/fuse:FuzzLoadSessionRecord \
 	./internal/passthrough:FuzzLoadState
 
-.PHONY: all build deps test-deps test unit integration-sandbox e2e e2e-full fuzz fuzz-short bench bench-guest soak clean
+.PHONY: all build deps test-deps test unit integration-sandbox e2e e2e-full fuzz fuzz-short bench bench-scale bench-guest soak clean
 
 all: deps build
 
@@ -126,10 +129,31 @@ fuzz-short:
 # round; old2/alt, the same build twice, is the spread to beat).
 REF_VIRTIOFSD ?= /usr/lib/qemu/virtiofsd
 RUST_VIRTIOFSD ?= $(CURDIR)/.cache/peers/bin/virtiofsd-rust
+RUST14_VIRTIOFSD ?= $(CURDIR)/.cache/peers/bin/virtiofsd-rust-1.14
 BENCHFLAGS ?=
 bench: test-deps build
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
 	$(GO) run ./test/bench/cmd -ours $(CURDIR)/$(BIN) -ref $(REF_VIRTIOFSD) -rust $(RUST_VIRTIOFSD) $(BENCHFLAGS)
+	$(MAKE) bench-scale
+
+# bench-scale: the scale run (test/bench RunScale; root): for each file
+# system (tmpfs, ext4 on a loop image, overlayfs without nfs_export) a share
+# of SCALE_FILES empty files, 1,000 per directory; each daemon with its
+# defaults (ours, ours with --inode-file-handles=prefer, ours with a small
+# --inode-fd-budget once it has the option, the C daemon, the Rust daemon
+# 1.13 and 1.14) LOOKUPs every directory and file, keeping each lookup,
+# then OPENs 10,000 files. Per daemon: the fds its processes hold, RssAnon
+# (plus its own memfd/shm) per inode, the host's slab growth per inode,
+# LOOKUPs per second and the errors by errno (EMFILE, ENFILE, ESTALE: a
+# figure, not a failure). SCALEFLAGS e.g. '-scale-fs tmpfs -rounds 1
+# -scale-depth 8 -scale-configs ours-prefer,rust-1.14'. About 3 minutes
+# with the defaults; SCALE_FILES=15000,40000,100000,1000000 for the issue's sizes.
+SCALE_FILES ?= 100000
+SCALE_ROUNDS ?= 3
+SCALEFLAGS ?=
+bench-scale: test-deps build
+	$(GO) run ./test/bench/cmd -scale -scale-files $(SCALE_FILES) -rounds $(SCALE_ROUNDS) -ours $(CURDIR)/$(BIN) \
+		-ref $(REF_VIRTIOFSD) -rust $(RUST_VIRTIOFSD) -rust14 $(RUST14_VIRTIOFSD) $(SCALEFLAGS)
 
 # bench-guest: fio from a Linux 6.12 guest under TCG and QEMU 10 (test/e2e
 # TestBenchGuest; root) against govirtiofsd (default settings, 1 and 2

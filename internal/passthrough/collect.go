@@ -213,12 +213,12 @@ func (f *FS) closeInodeFD(fd int) {
 // same device, inode number and mount, the same type and, for an inode
 // held by file handle, the same handle (an inode number can be reused).
 func (f *FS) isObject(fd int, st *unix.Statx_t, i *inode) bool {
-	if !keyOf(st).sameObject(i.key) || uint32(st.Mode)&unix.S_IFMT != i.ftype {
+	if !keyOf(st).sameObject(i.key) || st.Mode&unix.S_IFMT != i.ftype {
 		return false
 	}
 	if i.key.handle != "" {
 		h, err := nameToHandle(fd)
-		return err == nil && handleKey(h) == i.key.handle
+		return err == nil && h == i.key.handle
 	}
 	return true
 }
@@ -439,8 +439,8 @@ func (f *FS) collectHandles(inodes []*inode, stop <-chan struct{}) map[*inode]mi
 // handleRecordOf returns i's file handle with its mount id, as
 // name_to_handle_at gives them (the id statx reports as stx_mnt_id).
 func (f *FS) handleRecordOf(i *inode) (migstate.FileHandle, error) {
-	if i.fh != nil {
-		return migstate.FileHandle{MountID: i.key.mntID, Type: i.fh.h.Type(), Bytes: i.fh.h.Bytes()}, nil
+	if i.mnt != nil {
+		return migstate.FileHandle{MountID: i.key.mntID, Type: handleType(i.key.handle), Bytes: handleBytes(i.key.handle)}, nil
 	}
 	r, e := f.pathOf(i)
 	if e != 0 {

@@ -139,10 +139,6 @@ func New(root string, opts Options, log *slog.Logger) (*FS, error) {
 	if opts.TimeoutSet {
 		f.entryTimeout, f.attrTimeout = opts.Timeout, opts.Timeout
 	}
-	for i := range f.keys {
-		f.keys[i].m = make(map[inodeKey]*inode)
-	}
-
 	if err := f.openRoot(root); err != nil {
 		return nil, err
 	}
@@ -198,7 +194,7 @@ func (f *FS) openRoot(root string) (err error) {
 		}
 	}
 	f.root.refs.Store(1)
-	f.keys[f.root.key.hash()%keyShards].m[f.root.key] = f.root
+	f.keys[f.root.key.hash()%keyShards].add(f.root)
 
 	// Probe openat2 (Linux 5.6+; a seccomp filter may also refuse it).
 	how := unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: resolveFlags}
@@ -222,7 +218,7 @@ func (f *FS) useFileHandles(rfd int) error {
 	case err == nil:
 		f.useHandles = true
 		f.mounts = make(map[uint64]*mountFD)
-		f.root.key.handle = handleKey(h)
+		f.root.key.handle = h
 		f.setMountHandles(f.root.key.mntID, true, "", nil)
 		// The shared directory's mount keeps its fd for good.
 		if f.acquireMount(f.root.key.mntID, rfd) == nil {
@@ -335,28 +331,23 @@ func (f *FS) reset() {
 	for si := range f.keys {
 		ks := &f.keys[si]
 		ks.mu.Lock()
-		for k, i := range ks.m {
-			if i.pinned {
-				continue
+		first := len(dead)
+		ks.each(func(i *inode) {
+			if !i.pinned {
+				dead = append(dead, i)
 			}
-			delete(ks.m, k)
+		})
+		for _, i := range dead[first:] {
+			ks.remove(i)
 			i.nlookup = 0
 			f.nodes.remove(i.id)
-			dead = append(dead, i)
 		}
 		ks.mu.Unlock()
 	}
 	for _, i := range dead {
 		i.put()
 	}
-	// Lock owners on the root.
-	f.root.lockMu.Lock()
-	for _, fd := range f.root.plocks {
-		sysClose(fd)
-		f.locks.Add(-1)
-	}
-	f.root.plocks = nil
-	f.root.lockMu.Unlock()
+	f.dropLocks(f.root) // lock owners on the root
 }
 
 // Stats reports how many inodes and handles the guest holds and how many

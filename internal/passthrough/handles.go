@@ -1,7 +1,6 @@
 package passthrough
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -41,11 +40,28 @@ import (
 // seen on the mount, in practice its root, before any of its objects is
 // interned. --inode-file-handles=mandatory answers EOPNOTSUPP there
 // instead.
+//
+// An inode keeps its handle once, as a string in the kernel's struct
+// file_handle layout (handle_bytes, handle_type, f_handle: 8 + 8..40 bytes
+// on the usual file systems) in its key: one allocation of its exact size,
+// compared as part of the key, and given to open_by_handle_at as it is (the
+// kernel only reads it), so that opening an inode by its handle allocates
+// nothing.
 
-type fileHandle struct {
-	h   unix.FileHandle
-	mnt *mountFD
+// maxHandleSize is MAX_HANDLE_SZ, the most f_handle bytes a file system
+// may encode.
+const maxHandleSize = 128
+
+// handleBuf is a struct file_handle with room for any handle: LOOKUP
+// encodes into one on its stack, so a lookup of an inode the guest already
+// holds allocates nothing.
+type handleBuf struct {
+	size uint32 // handle_bytes: room in data on input, the handle's length on output
+	typ  int32  // handle_type
+	data [maxHandleSize]byte
 }
+
+const handleHeader = int(unsafe.Offsetof(handleBuf{}.data))
 
 // mountFD is an fd on one mount, shared by the inodes held as handles on it
 // (open_by_handle_at opens within the mount of the fd it is given, and
@@ -57,67 +73,71 @@ type mountFD struct {
 	refs int // guarded by FS.mountsMu
 }
 
-func nameToHandle(fd int) (unix.FileHandle, error) {
-	h, _, err := unix.NameToHandleAt(fd, "", unix.AT_EMPTY_PATH)
-	return h, err
-}
-
-// handleKey is h as an inodeKey's handle: its type (in the machine's byte
-// order) then its bytes, as handleBuf.view lays them out.
-func handleKey(h unix.FileHandle) string {
-	b := h.Bytes()
-	k := make([]byte, 4+len(b))
-	binary.NativeEndian.PutUint32(k, uint32(h.Type()))
-	copy(k[4:], b)
-	return string(k)
-}
-
-// maxHandleSize is MAX_HANDLE_SZ, the largest handle the kernel encodes.
-const maxHandleSize = 128
-
-// handleBuf is a struct file_handle with room for any handle: LOOKUP
-// encodes into one on its stack, so a lookup of an inode the guest already
-// holds allocates nothing.
-type handleBuf struct {
-	size  uint32 // handle_bytes
-	typ   int32  // handle_type
-	bytes [maxHandleSize]byte
-}
-
 // encode is name_to_handle_at(fd, "", AT_EMPTY_PATH) into b.
 func (b *handleBuf) encode(fd int) syscall.Errno {
-	b.size = maxHandleSize
 	var mnt int32
-	_, _, e := unix.Syscall6(unix.SYS_NAME_TO_HANDLE_AT, uintptr(fd), uintptr(unsafe.Pointer(&emptyPath[0])),
-		uintptr(unsafe.Pointer(b)), uintptr(unsafe.Pointer(&mnt)), unix.AT_EMPTY_PATH, 0)
-	if e == 0 && b.size > maxHandleSize {
-		return syscall.EOVERFLOW
+	for {
+		b.size = maxHandleSize
+		_, _, e := unix.Syscall6(unix.SYS_NAME_TO_HANDLE_AT, uintptr(fd), uintptr(unsafe.Pointer(&emptyPath[0])),
+			uintptr(unsafe.Pointer(b)), uintptr(unsafe.Pointer(&mnt)), unix.AT_EMPTY_PATH, 0)
+		if e == unix.EINTR {
+			continue
+		}
+		if e == 0 && b.size > maxHandleSize {
+			return syscall.EOVERFLOW
+		}
+		return e
 	}
-	return e
 }
 
-// view is the handle as an inodeKey's handle (handleKey's layout), without
-// a copy: valid while b is, for a table lookup only (ownedKey copies it).
+// view is the handle in the key's layout (the kernel's struct
+// file_handle), without a copy: valid while b is, for a table lookup only
+// (ownedKey copies it).
 func (b *handleBuf) view() string {
-	return unsafe.String((*byte)(unsafe.Pointer(&b.typ)), 4+int(b.size))
+	return unsafe.String((*byte)(unsafe.Pointer(b)), handleHeader+int(b.size))
 }
 
-// fileHandle copies the handle out of b.
-func (b *handleBuf) fileHandle() unix.FileHandle {
-	return unix.NewFileHandle(b.typ, b.bytes[:b.size])
-}
-
-// owned is a new inode's fileHandle, copied out of b; nil without one.
-func (b *handleBuf) owned(has bool) *fileHandle {
-	if !has {
-		return nil
+// nameToHandle returns the file handle of the object behind fd, in the
+// kernel's layout (see handleType, handleBytes).
+func nameToHandle(fd int) (string, error) {
+	var b handleBuf
+	if e := b.encode(fd); e != 0 {
+		return "", e
 	}
-	return &fileHandle{h: b.fileHandle()}
+	return strings.Clone(b.view()), nil
 }
 
-// ownedKey is k with its handle copied: a key that may be kept.
+// ownedKey is k with its handle copied: a key that may be kept. It is
+// built field by field, so that k's handle (a view of a handleBuf on the
+// caller's stack) does not flow into the result and move that buffer to
+// the heap.
 func ownedKey(k *inodeKey) inodeKey {
-	return inodeKey{dev: k.dev, ino: k.ino, mntID: k.mntID, handle: strings.Clone(k.handle), stale: k.stale}
+	return inodeKey{dev: k.dev, ino: k.ino, mntID: k.mntID, handle: strings.Clone(k.handle)}
+}
+
+// handleType is a handle's handle_type.
+func handleType(h string) int32 {
+	var t int32
+	copy((*[4]byte)(unsafe.Pointer(&t))[:], h[4:handleHeader]) // the host's byte order
+	return t
+}
+
+// handleBytes is a copy of a handle's f_handle bytes.
+func handleBytes(h string) []byte { return []byte(h[handleHeader:]) }
+
+// sysOpenByHandle opens handle h (from nameToHandle) on mount fd mountFD.
+func sysOpenByHandle(mountFD int, h string, flags int) (int, syscall.Errno) {
+	for {
+		r, _, e := unix.Syscall(unix.SYS_OPEN_BY_HANDLE_AT, uintptr(mountFD),
+			uintptr(unsafe.Pointer(unsafe.StringData(h))), uintptr(flags))
+		if e == unix.EINTR {
+			continue
+		}
+		if e != 0 {
+			return -1, e
+		}
+		return int(r), 0
+	}
 }
 
 // mountHandles says whether the objects of mount mntID are held by file
@@ -224,10 +244,10 @@ func (f *FS) releaseMount(m *mountFD) {
 // kernel asks for CAP_DAC_READ_SEARCH in the host's user namespace (the
 // relaxed check of Linux 6.10 for a mount's owner covers directories only,
 // and an inode can be anything).
-func canOpenHandle(mountFD int, h unix.FileHandle) error {
-	fd, err := unix.OpenByHandleAt(mountFD, h, unix.O_PATH|unix.O_CLOEXEC)
-	if err != nil {
-		return err
+func canOpenHandle(mountFD int, h string) error {
+	fd, e := sysOpenByHandle(mountFD, h, unix.O_PATH|unix.O_CLOEXEC)
+	if e != 0 {
+		return e
 	}
 	unix.Close(fd)
 	return nil
@@ -260,7 +280,7 @@ func ProbeFileHandles(dir string) error {
 
 // probeHandles checks that file handles work on the directory rootFD (an
 // O_PATH fd) and returns its handle.
-func probeHandles(rootFD int) (unix.FileHandle, error) {
+func probeHandles(rootFD int) (string, error) {
 	h, err := nameToHandle(rootFD)
 	if err != nil {
 		return h, fmt.Errorf("name_to_handle_at: %w", err)

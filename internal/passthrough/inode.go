@@ -14,17 +14,19 @@ import (
 // one file system are different objects to the guest (they may have
 // different mount options), as in the C and Rust daemons.
 type inodeKey struct {
-	dev   uint64
+	dev   uint64 // staleDev for a stale inode's key (ino is then its node id)
 	ino   uint64
 	mntID uint64
-	// handle is the file handle (type and bytes) in file handle mode:
-	// without an fd pinning the object, an inode number can be reused by
-	// a new file, which the handle's generation tells apart.
+	// handle is the file handle in file handle mode (nameToHandle: the
+	// inode's only copy of it): without an fd pinning the object, an
+	// inode number can be reused by a new file, which the handle's
+	// generation tells apart.
 	handle string
-	// stale marks the key of a stale inode (ino is then its node id): it
-	// is unique and equals no host object's key.
-	stale bool
 }
+
+// staleDev is the device of a stale inode's key, which is then unique and
+// equals no host object's key: a device number from statx fits in 44 bits.
+const staleDev = ^uint64(0)
 
 func keyOf(st *unix.Statx_t) inodeKey {
 	return inodeKey{
@@ -48,11 +50,19 @@ func (k inodeKey) hash() uint32 {
 // as long as anything refers to it: the table (while the guest's lookup
 // count is above zero), each request using it, and each open handle.
 type inode struct {
-	id    uint64
-	key   inodeKey
-	fd    int         // O_PATH|O_NOFOLLOW, or -1 when held as a file handle
-	fh    *fileHandle // file handle mode only
-	ftype uint32      // S_IFMT bits; an object's type never changes
+	id  uint64
+	key inodeKey
+	fd  int // O_PATH|O_NOFOLLOW, or -1 when held as a file handle
+	// mnt is the mount fd key.handle opens on when the inode is held as a
+	// file handle (fd is then -1); nil when it is held by fd.
+	mnt   *mountFD
+	ftype uint16 // S_IFMT bits; an object's type never changes
+	// pinned inodes (the root) ignore nlookup.
+	pinned bool
+	// stale inodes were restored by a migration (MigrationGuestError)
+	// without a host object: fd is -1, mnt nil, and every request on
+	// them answers ESTALE; FORGET still drops them.
+	stale bool
 	// wait caches fileWait for the object's file system, which never
 	// changes either.
 	wait atomic.Uint32
@@ -60,19 +70,16 @@ type inode struct {
 	refs atomic.Int64
 
 	// nlookup is the guest's lookup count, guarded by the key shard's
-	// mutex. pinned inodes (the root) ignore it.
+	// mutex.
 	nlookup uint64
-	pinned  bool
-	// stale inodes were restored by a migration (MigrationGuestError)
-	// without a host object: fd is -1, fh nil, and every request on
-	// them answers ESTALE; FORGET still drops them.
-	stale bool
 
-	// POSIX lock state: one open file description per lock owner.
-	lockMu sync.Mutex
-	plocks map[uint64]int
+	locks atomic.Pointer[posixLocks] // made at the first POSIX lock
 
 	fs *FS
+
+	// keyNext chains the inodes of one bucket of the key shard
+	// (keyShard), guarded by its mutex.
+	keyNext *inode
 }
 
 func (i *inode) tableID() uint64      { return i.id }
@@ -140,19 +147,13 @@ func (i *inode) put() {
 	if i.refs.Add(-1) != 0 {
 		return
 	}
-	i.lockMu.Lock()
-	for _, fd := range i.plocks {
-		sysClose(fd)
-		i.fs.locks.Add(-1)
-	}
-	i.plocks = nil
-	i.lockMu.Unlock()
+	i.fs.dropLocks(i)
 	if i.fd >= 0 {
 		sysClose(i.fd)
 		i.fs.inodeFDs.Add(-1)
 	}
-	if i.fh != nil {
-		i.fs.releaseMount(i.fh.mnt)
+	if i.mnt != nil {
+		i.fs.releaseMount(i.mnt)
 	}
 }
 
@@ -177,14 +178,6 @@ func (r *iref) closePath() {
 func (r iref) put() {
 	r.closePath()
 	r.inode.put()
-}
-
-// keyShard maps host keys to inodes so that two lookups of one object give
-// the guest one node id.
-type keyShard struct {
-	mu sync.Mutex
-	m  map[inodeKey]*inode
-	_  [48]byte
 }
 
 const keyShards = 64
@@ -274,10 +267,10 @@ func (f *FS) pathOf(i *inode) (iref, syscall.Errno) {
 	if i.fd >= 0 {
 		return iref{inode: i, fd: i.fd}, 0
 	}
-	fd, err := unix.OpenByHandleAt(i.fh.mnt.fd, i.fh.h, unix.O_PATH|unix.O_CLOEXEC)
-	if err != nil {
+	fd, e := sysOpenByHandle(i.mnt.fd, i.key.handle, unix.O_PATH|unix.O_CLOEXEC)
+	if e != 0 {
 		i.put()
-		return iref{}, toErrno(err) // ESTALE once the object is gone
+		return iref{}, e // ESTALE once the object is gone
 	}
 	return iref{inode: i, fd: fd, ownedFD: true}, 0
 }
@@ -344,7 +337,7 @@ func (f *FS) intern(fd int, st *unix.Statx_t) (*inode, syscall.Errno) {
 	}
 	ks := &f.keys[key.hash()%keyShards]
 	ks.mu.Lock()
-	if i := ks.m[key]; i != nil {
+	if i := ks.get(key); i != nil {
 		if !i.pinned {
 			i.nlookup++
 		}
@@ -353,8 +346,8 @@ func (f *FS) intern(fd int, st *unix.Statx_t) (*inode, syscall.Errno) {
 		f.inodeFDs.Add(-1)
 		return i, 0
 	}
-	own, fh := ownedKey(&key), hb.owned(key.handle != "")
-	i, errno := f.newInode(fd, st, own, fh)
+	own := ownedKey(&key)
+	i, errno := f.newInode(fd, st, own)
 	if errno != 0 {
 		ks.mu.Unlock()
 		return nil, errno
@@ -364,7 +357,7 @@ func (f *FS) intern(fd int, st *unix.Statx_t) (*inode, syscall.Errno) {
 		i.put()
 		return nil, syscall.ENFILE
 	}
-	ks.m[own] = i
+	ks.add(i)
 	ks.mu.Unlock()
 	return i, 0
 }
@@ -397,20 +390,19 @@ func (f *FS) keyFor(fd int, st *unix.Statx_t, hb *handleBuf) (inodeKey, syscall.
 	return key, 0
 }
 
-// newInode makes the inode for O_PATH fd (key and fh from keyFor) with one
-// guest lookup and the table's reference, in no table yet. It takes
-// ownership of fd, closing it on failure or when the inode is held by
-// file handle.
-func (f *FS) newInode(fd int, st *unix.Statx_t, key inodeKey, fh *fileHandle) (*inode, syscall.Errno) {
-	i := &inode{key: key, fd: fd, ftype: uint32(st.Mode) & unix.S_IFMT, nlookup: 1, fs: f}
-	if fh != nil {
+// newInode makes the inode for O_PATH fd (key from keyFor) with one guest
+// lookup and the table's reference, in no table yet. It takes ownership of
+// fd, closing it on failure or when the inode is held by file handle.
+func (f *FS) newInode(fd int, st *unix.Statx_t, key inodeKey) (*inode, syscall.Errno) {
+	i := &inode{key: key, fd: fd, ftype: uint16(st.Mode & unix.S_IFMT), nlookup: 1, fs: f}
+	if key.handle != "" {
 		opath := -1
 		if i.isDir() {
 			opath = fd
 		}
-		if fh.mnt = f.acquireMount(key.mntID, opath); fh.mnt != nil {
+		if i.mnt = f.acquireMount(key.mntID, opath); i.mnt != nil {
 			// Held by handle: the O_PATH fd goes.
-			i.fh, i.fd = fh, -1
+			i.fd = -1
 			sysClose(fd)
 			f.inodeFDs.Add(-1)
 		} else if f.opts.InodeFileHandles == FileHandlesMandatory {
@@ -430,7 +422,7 @@ func (f *FS) forget(i *inode, n uint64) {
 	}
 	ks := &f.keys[i.key.hash()%keyShards]
 	ks.mu.Lock()
-	if ks.m[i.key] != i {
+	if !ks.has(i) {
 		ks.mu.Unlock()
 		return // already gone
 	}
@@ -443,7 +435,7 @@ func (f *FS) forget(i *inode, n uint64) {
 		ks.mu.Unlock()
 		return
 	}
-	delete(ks.m, i.key)
+	ks.remove(i)
 	f.nodes.remove(i.id)
 	ks.mu.Unlock()
 	i.put() // the table's reference

@@ -281,7 +281,7 @@ func (l *loader) place(k int32, i *inode, why string, e syscall.Errno) error {
 			return fmt.Errorf("migration: node %#x (%s): %s", r.ID, r.Where(), why)
 		}
 		l.f.log.Warn("passthrough: migration: inode restored stale", "node", r.ID, "location", r.Where(), "why", why)
-		i = &inode{key: inodeKey{ino: r.ID, stale: true}, fd: -1, ftype: r.Type, stale: true, fs: l.f}
+		i = &inode{key: inodeKey{dev: staleDev, ino: r.ID}, fd: -1, ftype: uint16(r.Type), stale: true, fs: l.f}
 		i.refs.Store(1)
 	}
 	i.id, i.nlookup = r.ID, lookups
@@ -374,7 +374,7 @@ func (l *loader) reopenInode(k int32) (*inode, string, syscall.Errno) {
 		f.closeInodeFD(fd)
 		return nil, "file handle: " + e.Error(), e
 	}
-	i, e := f.newInode(fd, &sx, ownedKey(&key), hb.owned(key.handle != ""))
+	i, e := f.newInode(fd, &sx, ownedKey(&key))
 	if e != 0 {
 		return nil, "file handle: " + e.Error(), e
 	}
@@ -588,12 +588,12 @@ func (f *FS) install(st *staged, caps uint64) error {
 	for k, i := range st.inodes {
 		ks := &f.keys[i.key.hash()%keyShards]
 		ks.mu.Lock()
-		ok := ks.m[i.key] == nil
+		ok := ks.get(i.key) == nil
 		if ok {
 			if f.nodes.restore(i.id, i, limit) {
 				overNodes++
 			}
-			ks.m[i.key] = i
+			ks.add(i)
 		}
 		ks.mu.Unlock()
 		if !ok {

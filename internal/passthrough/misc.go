@@ -2,6 +2,7 @@ package passthrough
 
 import (
 	"bytes"
+	"sync"
 	"syscall"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
@@ -390,10 +391,26 @@ func (f *FS) RemoveXAttr(h *gofuse.InHeader, name []byte) syscall.Errno {
 // (The C daemon answered every SETLKW with EOPNOTSUPP; here an uncontended
 // SETLKW succeeds.)
 
+// posixLocks is an inode's POSIX lock state: one open file description
+// per lock owner. An inode gets one at its first lock (most never have
+// one, and a million inodes would otherwise carry a million mutexes).
+type posixLocks struct {
+	mu  sync.Mutex
+	fds map[uint64]int
+}
+
 func (f *FS) lockFD(i *inode, owner uint64, create bool) (int, syscall.Errno) {
-	i.lockMu.Lock()
-	defer i.lockMu.Unlock()
-	if fd, ok := i.plocks[owner]; ok {
+	l := i.locks.Load()
+	if l == nil {
+		if !create {
+			return -1, 0
+		}
+		i.locks.CompareAndSwap(nil, &posixLocks{}) // unless another request made it first
+		l = i.locks.Load()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if fd, ok := l.fds[owner]; ok {
 		return fd, 0
 	}
 	if !create {
@@ -417,24 +434,44 @@ func (f *FS) lockFD(i *inode, owner uint64, create bool) (int, syscall.Errno) {
 		f.locks.Add(-1)
 		return -1, errno
 	}
-	if i.plocks == nil {
-		i.plocks = make(map[uint64]int)
+	if l.fds == nil {
+		l.fds = make(map[uint64]int)
 	}
-	i.plocks[owner] = fd
+	l.fds[owner] = fd
 	return fd, 0
 }
 
 func (f *FS) dropLockOwner(i *inode, owner uint64) {
-	i.lockMu.Lock()
-	fd, ok := i.plocks[owner]
-	if ok {
-		delete(i.plocks, owner)
+	l := i.locks.Load()
+	if l == nil {
+		return
 	}
-	i.lockMu.Unlock()
+	l.mu.Lock()
+	fd, ok := l.fds[owner]
+	if ok {
+		delete(l.fds, owner)
+	}
+	l.mu.Unlock()
 	if ok {
 		sysClose(fd)
 		f.locks.Add(-1)
 	}
+}
+
+// dropLocks closes every lock owner's file description on i (its last
+// reference went, or the session was reset).
+func (f *FS) dropLocks(i *inode) {
+	l := i.locks.Load()
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	for _, fd := range l.fds {
+		sysClose(fd)
+		f.locks.Add(-1)
+	}
+	l.fds = nil
+	l.mu.Unlock()
 }
 
 func toFlock(lk *gofuse.FileLock, fl *unix.Flock_t) syscall.Errno {

@@ -80,12 +80,12 @@ func (f *FS) heldInodes() (inodes []heldInode, lockable []*inode) {
 	for si := range f.keys {
 		ks := &f.keys[si]
 		ks.mu.Lock()
-		for _, i := range ks.m {
+		ks.each(func(i *inode) {
 			if !i.pinned && i.tryRef() {
 				inodes = append(inodes, heldInode{i, i.nlookup})
 				lockable = append(lockable, i)
 			}
-		}
+		})
 		ks.mu.Unlock()
 	}
 	slices.SortFunc(inodes, func(a, b heldInode) int { return cmpU64(a.i.id, b.i.id) })
@@ -152,7 +152,7 @@ func (sv *saver) addInodes(inodes []heldInode) {
 // file-handles mode, else the path collected. found is false when it still
 // needs a path.
 func (sv *saver) record(i *inode, nlookup uint64) (r migstate.Inode, found bool) {
-	r = migstate.Inode{ID: i.id, Refcount: nlookup, Type: i.ftype, Loc: migstate.LocInvalid}
+	r = migstate.Inode{ID: i.id, Refcount: nlookup, Type: uint32(i.ftype), Loc: migstate.LocInvalid}
 	if i.stale {
 		return r, true
 	}
@@ -250,9 +250,12 @@ func (sv *saver) addHandles(handles []*handle) (locked map[*inode]bool) {
 // migrate.
 func (f *FS) warnDroppedLocks(lockable []*inode, locked map[*inode]bool) {
 	for _, i := range lockable {
-		i.lockMu.Lock()
-		n := len(i.plocks)
-		i.lockMu.Unlock()
+		n := 0
+		if l := i.locks.Load(); l != nil {
+			l.mu.Lock()
+			n = len(l.fds)
+			l.mu.Unlock()
+		}
 		if n > 0 || locked[i] {
 			f.log.Warn("passthrough: migration: locks on an inode are dropped (they do not migrate)",
 				"node", i.id, "posix_lock_owners", n, "flock", locked[i])

@@ -25,15 +25,7 @@ type ioFixture struct {
 }
 
 func newIOFixture(tb testing.TB, size int) *ioFixture {
-	base := "/dev/shm"
-	if st, err := os.Stat(base); err != nil || !st.IsDir() {
-		base = tb.TempDir()
-	}
-	dir, err := os.MkdirTemp(base, "passthrough-bench")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { os.RemoveAll(dir) })
+	dir := shmTempDir(tb, "passthrough-bench")
 	if err := os.WriteFile(filepath.Join(dir, "f"), make([]byte, size), 0o644); err != nil {
 		tb.Fatal(err)
 	}
@@ -227,7 +219,7 @@ func TestConcurrentLookupsForgetsReads(t *testing.T) {
 	tf.nodes.drain(func(i *inode) {
 		ks := &tf.keys[i.key.hash()%keyShards]
 		ks.mu.Lock()
-		delete(ks.m, i.key)
+		ks.remove(i)
 		ks.mu.Unlock()
 		i.put()
 	})

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -52,6 +53,13 @@ func main() {
 	alt := flag.String("alt", "", "another build of ours, run with default settings as configurations \"alt\" and \"alt-2q\" (A/B comparisons in one run)")
 	builds := flag.String("builds", "", "more builds of ours, NAME=PATH,..., each run with default settings as configurations NAME and NAME-2q, as -alt (the same old build twice measures the spread an A/B run must beat; several builds bisect a change)")
 	null := flag.Bool("null", false, "measure the front end alone against an in-process null device, then exit")
+	scale := flag.Bool("scale", false, "run the scale benchmark instead (bench.RunScale): LOOKUP of every file of a large share, each kept, then OPEN of some; fds, memory per inode, lookups/s and errors per daemon")
+	scaleFiles := flag.String("scale-files", "100000", "with -scale: share sizes in files, comma-separated (e.g. 15000,40000,100000,1000000; one directory per 1000 files)")
+	scaleFS := flag.String("scale-fs", strings.Join(bench.ScaleFS, ","), "with -scale: file systems, comma-separated (tmpfs, ext4, overlay; dir: the scratch directory's own)")
+	scaleOpens := flag.Int("scale-opens", 10000, "with -scale: files OPENed after the lookups")
+	scaleConfigs := flag.String("scale-configs", "", "with -scale: configuration names, comma-separated (default all: ours,ours-prefer,ours-budget,ref,rust-1.13,rust-1.14; ours-budget once ours knows --inode-fd-budget)")
+	scaleDepth := flag.Int("scale-depth", 1, "with -scale: LOOKUPs in flight (walkers sharing the directories)")
+	rust14 := flag.String("rust14", "", "with -scale: the Rust virtiofsd 1.14 (.cache/peers/bin/virtiofsd-rust-1.14)")
 	flag.Parse()
 	o.QueueSize = uint16(*queueSize)
 	o.OursEnv = strings.Fields(*oursEnv)
@@ -69,6 +77,10 @@ func main() {
 		if err := bench.NullSuite(os.Stdout, o.Depth, o.QueueSize, o.Warmup, o.Duration); err != nil {
 			fatal(err)
 		}
+		return
+	}
+	if *scale {
+		runScale(o, *scaleDepth, *rust14, *scaleFiles, *scaleFS, *scaleConfigs, *scaleOpens, *builds)
 		return
 	}
 	for _, w := range bench.DefaultWorkloads() {
@@ -128,6 +140,49 @@ func main() {
 	if err != nil {
 		pprof.StopCPUProfile()
 		os.RemoveAll(dir)
+		fatal(err)
+	}
+}
+
+// runScale runs bench.RunScale with the flags' settings: -builds adds
+// other builds of ours, each with --inode-file-handles=prefer (an A/B run
+// of memory per inode).
+func runScale(o bench.SuiteOptions, depth int, rust14, files, fsList, configs string, opens int, builds string) {
+	so := bench.ScaleOptions{FS: strings.Split(fsList, ","), Opens: opens, Rounds: o.Rounds, Depth: depth,
+		Settle: 300 * time.Millisecond, Out: os.Stdout, Progress: os.Stderr}
+	for _, f := range strings.Split(files, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			fatal(fmt.Errorf("-scale-files %q: want positive numbers", files))
+		}
+		so.Files = append(so.Files, n)
+	}
+	for _, c := range bench.ScaleConfigs(bench.ScaleBins{Ours: o.OursBin, Ref: o.RefBin, Rust: o.RustBin, Rust14: rust14}) {
+		if configs == "" || contains(strings.Split(configs, ","), c.Name) {
+			so.Configs = append(so.Configs, c)
+		}
+	}
+	for _, b := range strings.Split(builds, ",") {
+		if b == "" {
+			continue
+		}
+		name, path, ok := strings.Cut(b, "=")
+		if !ok || name == "" || path == "" {
+			fatal(fmt.Errorf("-builds %q: want NAME=PATH", b))
+		}
+		so.Configs = append(so.Configs, bench.ScaleConfig{Config: bench.Config{Name: name, Ours: true, Pool: -1, Rings: 1,
+			Bin: path, Extra: []string{"--inode-file-handles=prefer"}}})
+	}
+	dir, err := os.MkdirTemp("", "govirtiofsd-scale-")
+	if err != nil {
+		fatal(err)
+	}
+	so.Dir = dir
+	start := time.Now()
+	_, err = bench.RunScale(so)
+	fmt.Fprintf(os.Stderr, "total %v\n", time.Since(start).Round(time.Second))
+	os.RemoveAll(dir)
+	if err != nil {
 		fatal(err)
 	}
 }
