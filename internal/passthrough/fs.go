@@ -93,6 +93,22 @@ type FS struct {
 	// fd accounting (for tests and metrics)
 	inodeFDs  atomic.Int64
 	handleFDs atomic.Int64
+
+	// The fd budget (budget.go).
+	budget        int64
+	residentFDs   atomic.Int64 // resident fds of fd-held inodes, the root's aside
+	evictedNow    atomic.Int64 // fd-held inodes without a resident fd
+	reopens       atomic.Uint64
+	estales       atomic.Uint64
+	evictMu       sync.Mutex // one sweep at a time; guards the fields below
+	hand          uint32
+	budgetWarned  bool
+	noFID         map[uint64]bool // mounts without AT_HANDLE_FID
+	fdLimitWarned atomic.Bool
+	fdHeld        atomic.Bool // some inode was held by fd: names are tracked
+	// namesMu orders the guest's renames and unlinks (writers) against
+	// reopen walks (readers) of inode names.
+	namesMu sync.RWMutex
 }
 
 // New opens root (O_PATH) and returns a file system serving it. log (not
@@ -111,7 +127,7 @@ func New(root string, opts Options, log *slog.Logger) (*FS, error) {
 		// confirm and nothing to verify.
 		return nil, fmt.Errorf("migration path confirmation and handle verification apply to find-paths mode only")
 	}
-	f := &FS{opts: opts, log: log, procSelfFD: -1}
+	f := &FS{opts: opts, log: log, procSelfFD: -1, budget: fdBudget(&opts)}
 	xm, err := parseXattrMap(opts.XattrMap)
 	if err != nil {
 		return nil, err
@@ -187,13 +203,13 @@ func (f *FS) openRoot(root string) (err error) {
 		}
 	}
 	f.inodeFDs.Add(1)
-	f.root = &inode{id: rootID, key: keyOf(&st), fd: rfd, ftype: unix.S_IFDIR, pinned: true, fs: f}
+	f.root = &inode{id: rootID, key: keyOf(&st), ftype: unix.S_IFDIR, pinned: true, fs: f}
+	f.root.ref.Store(residentWord(rfd) | 1)
 	if f.opts.InodeFileHandles != FileHandlesNever {
 		if err := f.useFileHandles(rfd); err != nil {
 			return err
 		}
 	}
-	f.root.refs.Store(1)
 	f.keys[f.root.key.hash()%keyShards].m[f.root.key] = f.root
 
 	// Probe openat2 (Linux 5.6+; a seccomp filter may also refuse it).
@@ -235,7 +251,7 @@ func (f *FS) Close() error {
 	f.reset()
 	f.creds.stop()
 	f.closeOnce.Do(func() {
-		sysClose(f.root.fd)
+		sysClose(f.root.residentFD())
 		sysClose(f.procSelfFD)
 	})
 	return nil

@@ -44,20 +44,27 @@ func (k inodeKey) hash() uint32 {
 	return uint32(h>>32) ^ uint32(h)
 }
 
-// inode is one host object the guest holds lookups on. Its O_PATH fd lives
-// as long as anything refers to it: the table (while the guest's lookup
-// count is above zero), each request using it, and each open handle.
+// inode is one host object the guest holds lookups on. It lives as long as
+// anything refers to it: the table (while the guest's lookup count is above
+// zero), each request using it, and each open handle. Held by fd, its
+// O_PATH fd is resident while it has one (see ref and budget.go).
 type inode struct {
-	id    uint64
-	key   inodeKey
-	fd    int         // O_PATH|O_NOFOLLOW, or -1 when held as a file handle
+	id  uint64
+	key inodeKey
+	// ref packs the use count and the resident O_PATH fd (refWord).
+	ref   atomic.Uint64
 	fh    *fileHandle // file handle mode only
 	ftype uint32      // S_IFMT bits; an object's type never changes
 	// wait caches fileWait for the object's file system, which never
 	// changes either.
 	wait atomic.Uint32
 
-	refs atomic.Int64
+	// name is where the daemon last saw the object (held by fd only),
+	// for reopening it once evicted; nil: nameless, never evicted.
+	name atomic.Pointer[inodeName]
+	// fid is the object's AT_HANDLE_FID identity, read at its first
+	// eviction where the file system gives one.
+	fid atomic.Pointer[string]
 
 	// nlookup is the guest's lookup count, guarded by the key shard's
 	// mutex. pinned inodes (the root) ignore it.
@@ -119,7 +126,10 @@ func (i *inode) isReg() bool     { return i.ftype == unix.S_IFREG }
 func (i *inode) isSymlink() bool { return i.ftype == unix.S_IFLNK }
 
 // tryRef takes a use reference unless the inode is already being torn down.
-func (i *inode) tryRef() bool { return tryRef(&i.refs) }
+func (i *inode) tryRef() bool {
+	_, ok := i.acquire()
+	return ok
+}
 
 // tryRef adds a reference to count unless it has dropped to zero: the
 // last put has torn the object down (or is about to).
@@ -137,7 +147,8 @@ func tryRef(count *atomic.Int64) bool {
 
 // put drops a reference; the last one closes the fds.
 func (i *inode) put() {
-	if i.refs.Add(-1) != 0 {
+	w := i.ref.Add(^uint64(0))
+	if wordCount(w) != 0 {
 		return
 	}
 	i.lockMu.Lock()
@@ -147,9 +158,14 @@ func (i *inode) put() {
 	}
 	i.plocks = nil
 	i.lockMu.Unlock()
-	if i.fd >= 0 {
-		sysClose(i.fd)
+	if fd := wordFD(w); fd >= 0 {
+		sysClose(fd)
 		i.fs.inodeFDs.Add(-1)
+		if !i.pinned {
+			i.fs.residentFDs.Add(-1)
+		}
+	} else if i.fh == nil && !i.stale {
+		i.fs.evictedNow.Add(-1)
 	}
 	if i.fh != nil {
 		i.fs.releaseMount(i.fh.mnt)
@@ -157,8 +173,8 @@ func (i *inode) put() {
 }
 
 // iref is an inode with a use reference and an O_PATH fd for it: the
-// inode's own fd, or in file handle mode one opened for this request.
-// Its fd field shadows the inode's.
+// inode's resident fd (which the reference keeps from eviction), or one
+// opened for this request (file handle mode, or reopened over budget).
 type iref struct {
 	*inode
 	fd      int
@@ -264,15 +280,21 @@ func (f *FS) node(id uint64) *inode {
 
 // pathOf takes a use reference on i and provides an O_PATH fd for it. Every
 // use of an inode's fd goes through here, so a stale inode answers ESTALE.
+// A resident fd costs the reference's compare-and-swap alone; an evicted
+// inode is reopened (budget.go).
 func (f *FS) pathOf(i *inode) (iref, syscall.Errno) {
 	if i.stale {
 		return iref{}, syscall.ESTALE
 	}
-	if !i.tryRef() {
+	fd, ok := i.acquire()
+	if !ok {
 		return iref{}, syscall.EBADF
 	}
-	if i.fd >= 0 {
-		return iref{inode: i, fd: i.fd}, 0
+	if fd >= 0 {
+		return iref{inode: i, fd: fd}, 0
+	}
+	if i.fh == nil {
+		return f.reopenEvicted(i)
 	}
 	fd, err := unix.OpenByHandleAt(i.fh.mnt.fd, i.fh.h, unix.O_PATH|unix.O_CLOEXEC)
 	if err != nil {
@@ -364,6 +386,9 @@ func (f *FS) intern(fd int, st *unix.Statx_t) (*inode, syscall.Errno) {
 	}
 	ks.m[key] = i
 	ks.mu.Unlock()
+	if i.fh == nil {
+		f.overBudget()
+	}
 	return i, 0
 }
 
@@ -390,7 +415,7 @@ func (f *FS) keyFor(fd int, st *unix.Statx_t) (inodeKey, *fileHandle, syscall.Er
 // ownership of fd, closing it on failure or when the inode is held by
 // file handle.
 func (f *FS) newInode(fd int, st *unix.Statx_t, key inodeKey, fh *fileHandle) (*inode, syscall.Errno) {
-	i := &inode{key: key, fd: fd, ftype: uint32(st.Mode) & unix.S_IFMT, nlookup: 1, fs: f}
+	i := &inode{key: key, ftype: uint32(st.Mode) & unix.S_IFMT, nlookup: 1, fs: f}
 	if fh != nil {
 		opath := -1
 		if i.isDir() {
@@ -398,16 +423,22 @@ func (f *FS) newInode(fd int, st *unix.Statx_t, key inodeKey, fh *fileHandle) (*
 		}
 		if fh.mnt = f.acquireMount(key.mntID, opath); fh.mnt != nil {
 			// Held by handle: the O_PATH fd goes.
-			i.fh, i.fd = fh, -1
+			i.fh = fh
 			sysClose(fd)
 			f.inodeFDs.Add(-1)
+			i.ref.Store(1)
+			return i, 0
 		} else if f.opts.InodeFileHandles == FileHandlesMandatory {
 			sysClose(fd)
 			f.inodeFDs.Add(-1)
 			return nil, syscall.EOPNOTSUPP
 		}
 	}
-	i.refs.Store(1)
+	i.ref.Store(residentWord(fd) | 1)
+	f.residentFDs.Add(1)
+	if !f.fdHeld.Load() {
+		f.fdHeld.Store(true)
+	}
 	return i, 0
 }
 

@@ -298,5 +298,24 @@ func (t *slotTable[T, P]) drain(fn func(P)) {
 	}
 }
 
+// span is one past the highest slot index a chunk exists for (a clock
+// sweep's range).
+func (t *slotTable[T, P]) span() uint32 {
+	for c := maxChunks - 1; c >= 0; c-- {
+		if t.chunks[c].Load() != nil {
+			return uint32(c+1) * chunkSize
+		}
+	}
+	return 0
+}
+
+// at returns the object in slot idx, or nil (no reference: use tryRef).
+func (t *slotTable[T, P]) at(idx uint32) P {
+	if ch := t.chunks[idx>>chunkBits].Load(); ch != nil {
+		return P(ch[idx&(chunkSize-1)].p.Load())
+	}
+	return nil
+}
+
 // len returns the number of live objects.
 func (t *slotTable[T, P]) len() int { return int(t.count.Load()) }

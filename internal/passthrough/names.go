@@ -1,0 +1,108 @@
+package passthrough
+
+import (
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// The guest's renames and removals keep the recorded names of fd-held
+// inodes current (budget.go): each takes namesMu for writing around its
+// syscall, finds the inodes the daemon knows at the names it changes, and
+// updates their records once the syscall succeeded.
+
+// tracksNames reports whether some inode is held by fd, so that names
+// matter: with file handles alone they are neither recorded nor tracked.
+func (f *FS) tracksNames() bool { return f.fdHeld.Load() }
+
+// recordIs reports whether i's recorded name is name in dir.
+func recordIs(i, dir *inode, name []byte) bool {
+	nm := i.name.Load()
+	return nm != nil && nm.parent == dir && nm.name == string(name)
+}
+
+// childAt returns the fd-held inode the daemon knows for name in directory
+// dirfd (no reference: the caller only updates its record), or nil.
+func (f *FS) childAt(dirfd int, name *byte) *inode {
+	var st unix.Statx_t
+	if sysStatx(dirfd, name, unix.AT_SYMLINK_NOFOLLOW, statxMask, &st) != 0 {
+		return nil
+	}
+	key := keyOf(&st)
+	ks := &f.keys[key.hash()%keyShards]
+	ks.mu.Lock()
+	i := ks.m[key]
+	ks.mu.Unlock()
+	if i == nil || i.fh != nil || i.pinned {
+		return nil
+	}
+	return i
+}
+
+// keepResident holds i with a resident fd whatever the budget: i is about
+// to lose its recorded name, after which it could not be reopened. The
+// caller holds namesMu for writing.
+func (f *FS) keepResident(i *inode) (iref, syscall.Errno) {
+	fd, ok := i.acquire()
+	if !ok {
+		return iref{}, syscall.EBADF
+	}
+	if fd >= 0 {
+		return iref{inode: i, fd: fd}, 0
+	}
+	return f.reopenHeld(i, true)
+}
+
+// removeTracked unlinks name in dir (flags: unlinkat's), making nameless
+// the inode recorded there.
+func (f *FS) removeTracked(dir iref, name []byte, p *byte, flags int) syscall.Errno {
+	f.namesMu.Lock()
+	defer f.namesMu.Unlock()
+	victim := f.childAt(dir.fd, p)
+	if victim != nil && recordIs(victim, dir.inode, name) {
+		if keep, errno := f.keepResident(victim); errno == 0 {
+			defer keep.put()
+		}
+	}
+	errno := sysUnlinkat(dir.fd, p, flags)
+	if errno == 0 && victim != nil && recordIs(victim, dir.inode, name) {
+		victim.name.Store(nil)
+	}
+	return errno
+}
+
+// renameTracked renames on in od to nn in nd and moves the records: the
+// source's to its new name, the target's to the old name (exchange) or
+// to none (replaced).
+func (f *FS) renameTracked(od, nd iref, oldName, newName []byte, op, np *byte, flags uint32) syscall.Errno {
+	f.namesMu.Lock()
+	defer f.namesMu.Unlock()
+	src := f.childAt(od.fd, op)
+	var dst *inode
+	exchange := flags&unix.RENAME_EXCHANGE != 0
+	if flags&unix.RENAME_NOREPLACE == 0 {
+		dst = f.childAt(nd.fd, np)
+		if dst == src {
+			dst = nil // two names of one object: rename changes nothing
+		}
+	}
+	if dst != nil && !exchange && recordIs(dst, nd.inode, newName) {
+		if keep, errno := f.keepResident(dst); errno == 0 {
+			defer keep.put()
+		}
+	}
+	if errno := sysRenameat2(od.fd, op, nd.fd, np, flags); errno != 0 {
+		return errno
+	}
+	if dst != nil && recordIs(dst, nd.inode, newName) {
+		if exchange {
+			dst.name.Store(&inodeName{parent: od.inode, name: string(oldName)})
+		} else {
+			dst.name.Store(nil)
+		}
+	}
+	if src != nil && (src.name.Load() == nil || recordIs(src, od.inode, oldName)) {
+		src.name.Store(&inodeName{parent: nd.inode, name: string(newName)})
+	}
+	return 0
+}
