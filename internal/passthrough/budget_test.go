@@ -18,7 +18,12 @@ import (
 // nearly every request evicts or reopens.
 func budgetFS(t *testing.T) *testFS {
 	t.Helper()
-	tf := newTestFS(t, Options{InodeFDBudget: fdBudgetMin, InodeFileHandles: FileHandlesNever})
+	return budgetFSWith(t, Options{InodeFDBudget: fdBudgetMin})
+}
+
+func budgetFSWith(t *testing.T, opts Options) *testFS {
+	t.Helper()
+	tf := newTestFS(t, opts)
 	if tf.useHandles {
 		t.Skip("inodes held by file handle: no fd budget")
 	}
@@ -444,4 +449,55 @@ func TestBudgetConcurrent(t *testing.T) {
 		t.Error("no eviction happened")
 	}
 	t.Logf("reopens %d, evicted now %d, resident %d", tf.reopens.Load(), tf.evictedNow.Load(), tf.residentFDs.Load())
+}
+
+// TestBudgetMigrate migrates a guest whose inodes are mostly evicted, in
+// both modes, to a destination with the same budget, where the restored
+// inodes are named and can be evicted and reopened in turn.
+func TestBudgetMigrate(t *testing.T) {
+	for _, mode := range []MigrationMode{MigrationFindPaths, MigrationFileHandles} {
+		t.Run(mode.String(), func(t *testing.T) {
+			opts := Options{InodeFDBudget: fdBudgetMin, Migration: MigrationOptions{Mode: mode}}
+			src := budgetFSWith(t, opts)
+			mkTree(t, src, 6, 10)
+			want := map[uint64]uint64{} // node → host inode number
+			for d := range 6 {
+				dn := src.lookup(rootID, fmt.Sprintf("d%d", d))
+				want[dn.NodeId] = dn.Attr.Ino
+				for n := range 10 {
+					e := src.lookup(dn.NodeId, fmt.Sprintf("f%d", n))
+					want[e.NodeId] = e.Attr.Ino
+				}
+			}
+			src.evictUnused()
+			if src.evictedNow.Load() < 50 {
+				t.Fatalf("%d evicted", src.evictedNow.Load())
+			}
+			src.PrepareMigration()
+			b := save(t, src.FS)
+			src.CancelMigration()
+
+			dst := newDest(t, src, opts)
+			if err := dst.LoadState(bytes.NewReader(b), restoreCaps(src.caps.Load())); err != nil {
+				t.Fatal(err)
+			}
+			check := func(step string) {
+				t.Helper()
+				for node, ino := range want {
+					if a, errno := dst.getattrErr(node); errno != 0 || a.Ino != ino {
+						t.Fatalf("%s: node %#x: ino %d, %v; want %d", step, node, a.Ino, errno, ino)
+					}
+				}
+			}
+			check("after load")
+			dst.evictUnused()
+			if dst.evictedNow.Load() < 50 {
+				t.Fatalf("%d evicted on the destination", dst.evictedNow.Load())
+			}
+			check("after eviction")
+			if dst.estales.Load() != 0 || dst.reopens.Load() == 0 {
+				t.Fatalf("destination: %d ESTALE, %d reopens", dst.estales.Load(), dst.reopens.Load())
+			}
+		})
+	}
 }

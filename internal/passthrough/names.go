@@ -1,9 +1,12 @@
 package passthrough
 
 import (
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/govirtiofsd/govirtiofsd/internal/passthrough/migstate"
 )
 
 // The guest's renames and removals keep the recorded names of fd-held
@@ -105,4 +108,65 @@ func (f *FS) renameTracked(od, nd iref, oldName, newName []byte, op, np *byte, f
 		src.name.Store(&inodeName{parent: nd.inode, name: string(newName)})
 	}
 	return 0
+}
+
+// nameStaged records a parent and name for each staged inode held by fd
+// (a migration's destination): its directory is the staged inode of its
+// path's directory, or the root. The path is the record's, or for one
+// reopened by file handle its /proc/self/fd link (a reopen verifies the
+// object anyway). Then a migrated guest's inodes can be evicted too; one
+// whose directory is not staged stays nameless (resident).
+func (l *loader) nameStaged() {
+	root, rootOK := l.f.rootLink()
+	paths := make([]string, len(l.s.Inodes))
+	byPath := map[string]*inode{"": l.f.root}
+	for k := range l.s.Inodes {
+		i := l.all[k]
+		if i == nil || i.stale || i.pinned {
+			continue
+		}
+		p, ok := l.rootPath(k)
+		if !ok && rootOK && i.fh == nil {
+			if link, lok := l.f.fdLink(i.residentFD()); lok {
+				p, ok = relLink(link, root)
+			}
+		}
+		if ok {
+			paths[k], byPath[p] = p, i
+		}
+	}
+	for k := range l.s.Inodes {
+		r, i := &l.s.Inodes[k], l.all[k]
+		if i == nil || i.stale || i.pinned || i.fh != nil {
+			continue
+		}
+		var dir *inode
+		rel := r.Path
+		if p := paths[k]; p != "" {
+			j := strings.LastIndexByte(p, '/')
+			dir, rel = byPath[p[:max(j, 0)]], p[j+1:]
+		} else if r.Loc == migstate.LocPath && !strings.Contains(rel, "/") {
+			dir = l.f.root
+			if r.Parent != rootID {
+				dir = l.all[l.plan.Parent[k]]
+			}
+		}
+		if dir != nil && dir.isDir() && !dir.stale && rel != "" {
+			i.name.Store(&inodeName{parent: dir, name: rel})
+		}
+	}
+}
+
+// rootPath is record k's path below the shared directory, if it has one.
+func (l *loader) rootPath(k int) (string, bool) {
+	r := &l.s.Inodes[k]
+	switch {
+	case r.RawPath != "":
+		return r.RawPath, true
+	case r.Loc == migstate.LocFullPath:
+		return r.Path, true
+	case r.Loc == migstate.LocPath && r.Parent == rootID:
+		return r.Path, true
+	}
+	return "", false
 }
