@@ -501,3 +501,50 @@ func TestBudgetMigrate(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkGetAttrBudget is GETATTR round robin over 64 held files, each
+// in its own directory: with a budget above them all (resident: today's
+// cost) and with a budget of 16, where the clock has evicted nearly every
+// file and directory by the time GETATTR comes back to it, so each request
+// reopens two components (and evicts).
+func BenchmarkGetAttrBudget(b *testing.B) {
+	for _, bc := range []struct {
+		name   string
+		budget int
+	}{{"resident", 1000}, {"evicted", fdBudgetMin}} {
+		b.Run(bc.name, func(b *testing.B) {
+			tf := newTestFS(&testing.T{}, Options{InodeFDBudget: bc.budget})
+			defer tf.Close()
+			if tf.useHandles {
+				b.Skip("inodes held by file handle")
+			}
+			var nodes []uint64
+			for k := range 64 {
+				d := fmt.Sprint("d", k)
+				must(&testing.T{}, os.Mkdir(tf.path(d), 0o755))
+				must(&testing.T{}, os.WriteFile(tf.path(d+"/f"), nil, 0o644))
+				var e gofuse.EntryOut
+				if errno := tf.Lookup(hdr(rootID), []byte(d), &e); errno != 0 {
+					b.Fatal(errno)
+				}
+				if errno := tf.Lookup(hdr(e.NodeId), []byte("f"), &e); errno != 0 {
+					b.Fatal(errno)
+				}
+				nodes = append(nodes, e.NodeId)
+			}
+			var out gofuse.AttrOut
+			in := &gofuse.GetAttrIn{}
+			r0 := tf.reopens.Load()
+			b.ReportAllocs()
+			k := 0
+			for b.Loop() {
+				in.NodeId = nodes[k%len(nodes)]
+				k++
+				if errno := tf.GetAttr(in, &out); errno != 0 {
+					b.Fatal(errno)
+				}
+			}
+			b.ReportMetric(float64(tf.reopens.Load()-r0)/float64(k), "reopens/op")
+		})
+	}
+}

@@ -33,6 +33,7 @@ type slotTable[T any, P interface {
 	shards [tableShards]tableShard
 	grow   sync.Mutex // serialises chunk creation
 	count  atomic.Int64
+	hi     atomic.Uint32 // one past the highest chunk created
 
 	nover atomic.Int64 // entries in over
 	omu   sync.RWMutex // guards over
@@ -95,6 +96,9 @@ func (t *slotTable[T, P]) slotFor(idx uint32) *slot[T] {
 		if ch = t.chunks[c].Load(); ch == nil {
 			ch = new([chunkSize]slot[T])
 			t.chunks[c].Store(ch)
+			if c >= t.hi.Load() {
+				t.hi.Store(c + 1)
+			}
 		}
 		t.grow.Unlock()
 	}
@@ -300,14 +304,7 @@ func (t *slotTable[T, P]) drain(fn func(P)) {
 
 // span is one past the highest slot index a chunk exists for (a clock
 // sweep's range).
-func (t *slotTable[T, P]) span() uint32 {
-	for c := maxChunks - 1; c >= 0; c-- {
-		if t.chunks[c].Load() != nil {
-			return uint32(c+1) * chunkSize
-		}
-	}
-	return 0
-}
+func (t *slotTable[T, P]) span() uint32 { return t.hi.Load() * chunkSize }
 
 // at returns the object in slot idx, or nil (no reference: use tryRef).
 func (t *slotTable[T, P]) at(idx uint32) P {
