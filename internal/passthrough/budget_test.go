@@ -2,10 +2,13 @@ package passthrough
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -546,5 +549,66 @@ func BenchmarkGetAttrBudget(b *testing.B) {
 			}
 			b.ReportMetric(float64(tf.reopens.Load()-r0)/float64(k), "reopens/op")
 		})
+	}
+}
+
+// logRecorder keeps the messages of a file system's log.
+type logRecorder struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logRecorder) WithGroup(string) slog.Handler            { return l }
+func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	l.msgs = append(l.msgs, r.Message)
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *logRecorder) count(substr string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, m := range l.msgs {
+		if strings.Contains(m, substr) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestBudgetLogsOnce: reaching the budget, and running out of fds, are
+// each logged once, saying what to do.
+func TestBudgetLogsOnce(t *testing.T) {
+	dir := t.TempDir()
+	rec := &logRecorder{}
+	f, err := New(dir, Options{InodeFDBudget: fdBudgetMin}, slog.New(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if f.useHandles {
+		t.Skip("inodes held by file handle")
+	}
+	f.Init(f.Capabilities())
+	for k := range 3 * fdBudgetMin {
+		name := fmt.Sprint("f", k)
+		must(t, os.WriteFile(filepath.Join(dir, name), nil, 0o644))
+		var e gofuse.EntryOut
+		if errno := f.Lookup(hdr(rootID), []byte(name), &e); errno != 0 {
+			t.Fatal(errno)
+		}
+	}
+	f.warnFDLimit(syscall.EMFILE)
+	f.warnFDLimit(syscall.ENFILE)
+	f.warnFDLimit(syscall.ENOENT)
+	if b, o := rec.count("inode fd budget reached"), rec.count("out of file descriptors"); b != 1 || o != 1 {
+		t.Fatalf("budget logged %d times, fd exhaustion %d times: %q", b, o, rec.msgs)
+	}
+	if !strings.Contains(strings.Join(rec.msgs, "\n"), "--inode-fd-budget") {
+		t.Fatalf("no option named: %q", rec.msgs)
 	}
 }

@@ -4,11 +4,11 @@
 // It owns everything that touches the host file system on the guest's
 // behalf: the inode table (host objects keyed by device, inode number and
 // mount id, held as O_PATH fds or file handles and refcounted by the
-// guest's lookup count; fds within a budget, evicted and reopened by name
-// past it: budget.go), the handle table of open files and directories, the validation of
-// every name and id the guest sends, the credentials used to create objects,
-// kill-priv handling, cache-mode timeouts and open flags, locks, and the
-// live migration of all that: collecting a way to each inode, saving the
+// guest's lookup count; fds within a budget, past which unused ones are
+// evicted and reopened by name: budget.go, names.go), the handle table of
+// open files and directories, the validation of every name and id the
+// guest sends, the credentials used to create objects, kill-priv handling,
+// cache-mode timeouts and open flags, locks, and the live migration of all that: collecting a way to each inode, saving the
 // tables and reopening them on a destination (collect.go, save.go,
 // load.go; the state's records and stream are package migstate's).
 //
