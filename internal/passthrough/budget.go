@@ -107,15 +107,15 @@ type inodeName struct {
 	name   string
 }
 
-// fdBudgetMin is the smallest budget accepted: a reopen walk holds an fd
-// per level only while it runs, so any budget works, but below this one
-// nearly every request reopens.
+// fdBudgetMin is the smallest budget accepted: a reopen walk holds at most
+// two fds at a time, so any budget works, but below this one nearly every
+// request reopens.
 const fdBudgetMin = 16
 
-// DefaultInodeFDBudget is the budget for a daemon whose RLIMIT_NOFILE is
+// defaultFDBudget is the budget for a daemon whose RLIMIT_NOFILE is
 // nofile: half of it, leaving the other half to open files and
 // directories, lock owners, the vhost-user connection and reopen walks.
-func DefaultInodeFDBudget(nofile uint64) int {
+func defaultFDBudget(nofile uint64) int {
 	return int(max(min(nofile/2, 1<<30), fdBudgetMin))
 }
 
@@ -129,7 +129,7 @@ func fdBudget(o *Options) int64 {
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) != nil {
 		return 1 << 30
 	}
-	return int64(DefaultInodeFDBudget(rl.Cur))
+	return int64(defaultFDBudget(rl.Cur))
 }
 
 // overBudget evicts when the resident fds have reached the budget.

@@ -315,28 +315,53 @@ func TestBudgetHostChanges(t *testing.T) {
 			must(tf.t, os.WriteFile(tf.path("d/f"), []byte("impostor"), 0o644))
 		}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			tf := budgetFS(t)
-			must(t, os.Mkdir(tf.path("d"), 0o755))
-			must(t, os.WriteFile(tf.path("d/f"), []byte("mine"), 0o644))
-			d := tf.lookup(rootID, "d").NodeId
-			f := tf.lookup(d, "f").NodeId
-			tf.evictUnused()
-			if tf.resident(f) || tf.resident(d) {
-				t.Fatal("not evicted")
-			}
-			tc.change(tf)
-			if a, errno := tf.getattrErr(f); errno != syscall.ESTALE {
-				t.Fatalf("getattr: %v (ino %d), want ESTALE", errno, a.Ino)
-			}
-			var out gofuse.OpenOut
-			if errno := tf.Open(&gofuse.OpenIn{InHeader: *hdr(f), Flags: unix.O_RDONLY}, &out); errno != syscall.ESTALE {
-				t.Fatalf("open: %v, want ESTALE", errno)
-			}
-			if tf.estales.Load() == 0 {
-				t.Fatal("ESTALE not counted")
-			}
-		})
+		for _, fid := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/fid=%v", tc.name, fid), func(t *testing.T) {
+				tf := budgetFS(t)
+				if !fid {
+					// As on a file system without AT_HANDLE_FID:
+					// identity by device and inode number.
+					tf.noFID = map[uint64]bool{tf.root.key.mntID: true}
+				}
+				hostChange(t, tf, tc.change)
+			})
+		}
+	}
+}
+
+// hostChange evicts d and d/f, lets change act on the host, and expects
+// ESTALE from d/f.
+func hostChange(t *testing.T, tf *testFS, change func(tf *testFS)) {
+	t.Helper()
+	must(t, os.Mkdir(tf.path("d"), 0o755))
+	must(t, os.WriteFile(tf.path("d/f"), []byte("mine"), 0o644))
+	d := tf.lookup(rootID, "d").NodeId
+	f := tf.lookup(d, "f").NodeId
+	tf.evictUnused()
+	if got := tf.nodes.get(f).fid.Load() != nil; got != (tf.noFID == nil) {
+		t.Fatalf("FID recorded: %v", got)
+	}
+	if tf.resident(f) || tf.resident(d) {
+		t.Fatal("not evicted")
+	}
+	change(tf)
+	if a, errno := tf.getattrErr(f); errno != syscall.ESTALE {
+		t.Fatalf("getattr: %v (ino %d), want ESTALE", errno, a.Ino)
+	}
+	var out gofuse.OpenOut
+	if errno := tf.Open(&gofuse.OpenIn{InHeader: *hdr(f), Flags: unix.O_RDONLY}, &out); errno != syscall.ESTALE {
+		t.Fatalf("open: %v, want ESTALE", errno)
+	}
+	if tf.estales.Load() == 0 {
+		t.Fatal("ESTALE not counted")
+	}
+}
+
+func TestDefaultFDBudget(t *testing.T) {
+	for _, c := range [][2]uint64{{20000, 10000}, {1 << 20, 1 << 19}, {1, fdBudgetMin}, {^uint64(0), 1 << 30}} {
+		if got := defaultFDBudget(c[0]); uint64(got) != c[1] {
+			t.Errorf("RLIMIT_NOFILE %d: budget %d, want %d", c[0], got, c[1])
+		}
 	}
 }
 

@@ -151,7 +151,7 @@ func (l *loader) nameStaged() {
 				dir = l.all[l.plan.Parent[k]]
 			}
 		}
-		if dir != nil && dir.isDir() && !dir.stale && rel != "" {
+		if dir != nil && dir.isDir() && !dir.stale && checkName([]byte(rel)) == 0 {
 			i.name.Store(&inodeName{parent: dir, name: rel})
 		}
 	}

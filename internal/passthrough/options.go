@@ -107,7 +107,7 @@ type Options struct {
 	// InodeFDBudget bounds the O_PATH fds held by inodes that are held by
 	// fd (no file handles): past it, unused inodes lose theirs and are
 	// reopened by name when needed (budget.go). 0: half of RLIMIT_NOFILE
-	// at New (DefaultInodeFDBudget); at least 16.
+	// at New; at least 16.
 	InodeFDBudget int
 
 	PosixLocks bool // POSIX locks (OFD locks per lock owner)
