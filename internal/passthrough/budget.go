@@ -223,19 +223,18 @@ func (f *FS) recordFID(i *inode, fd int) {
 	i.fid.Store(&k)
 }
 
-// sameObject reports whether O_PATH fd is x's object: the same mount and
-// type, and the same FID handle when x has one recorded, else the same
+// sameObject reports whether O_PATH fd is x's object: by its FID handle
+// and mount when x has one recorded (one system call: name_to_handle_at
+// reports the mount id statx does, and a handle names one object of its
+// file system, whose type never changes), else by the same mount, type,
 // device and inode number.
 func (f *FS) sameObject(fd int, x *inode) bool {
-	var st unix.Statx_t
-	if statxFD(fd, &st) != 0 || st.Mnt_id != x.key.mntID || uint32(st.Mode)&unix.S_IFMT != x.ftype {
-		return false
-	}
 	if fid := x.fid.Load(); fid != nil {
-		h, _, err := unix.NameToHandleAt(fd, "", unix.AT_EMPTY_PATH|atHandleFID)
-		return err == nil && handleKey(h) == *fid
+		h, mnt, err := unix.NameToHandleAt(fd, "", unix.AT_EMPTY_PATH|atHandleFID)
+		return err == nil && uint64(mnt) == x.key.mntID && handleKey(h) == *fid
 	}
-	return keyOf(&st).sameObject(x.key)
+	var st unix.Statx_t
+	return statxFD(fd, &st) == 0 && uint32(st.Mode)&unix.S_IFMT == x.ftype && keyOf(&st).sameObject(x.key)
 }
 
 // maxWalk bounds a reopen walk (a name chain is a tree path, but the bound

@@ -363,13 +363,9 @@ func (f *FS) reset() {
 }
 
 // Stats reports how many inodes and handles the guest holds and how many
-// fds they keep open; and the fd budget's work (budget.go): the inodes
-// evicted now, the reopens so far and the reopens that answered ESTALE.
+// fds they keep open.
 type Stats struct {
 	Inodes, Handles, InodeFDs, HandleFDs, LockFDs int
-
-	FDBudget, Evicted int
-	Reopens, Stale    uint64
 }
 
 // Stats returns the current table sizes.
@@ -380,10 +376,24 @@ func (f *FS) Stats() Stats {
 		InodeFDs:  int(f.inodeFDs.Load()),
 		HandleFDs: int(f.handleFDs.Load()),
 		LockFDs:   int(f.locks.Load()),
-		FDBudget:  int(f.budget),
-		Evicted:   int(f.evictedNow.Load()),
-		Reopens:   f.reopens.Load(),
-		Stale:     f.estales.Load(),
+	}
+}
+
+// BudgetStats reports the fd budget's work (budget.go): the budget, the
+// inodes evicted now, the reopens so far and the reopens that answered
+// ESTALE.
+type BudgetStats struct {
+	Budget, Evicted int
+	Reopens, Stale  uint64
+}
+
+// BudgetStats returns the fd budget's figures, for metrics.
+func (f *FS) BudgetStats() BudgetStats {
+	return BudgetStats{
+		Budget:  int(f.budget),
+		Evicted: int(f.evictedNow.Load()),
+		Reopens: f.reopens.Load(),
+		Stale:   f.estales.Load(),
 	}
 }
 

@@ -147,10 +147,14 @@ func tryRef(count *atomic.Int64) bool {
 
 // put drops a reference; the last one closes the fds.
 func (i *inode) put() {
-	w := i.ref.Add(^uint64(0))
-	if wordCount(w) != 0 {
-		return
+	if w := i.ref.Add(^uint64(0)); wordCount(w) == 0 {
+		i.teardown(w)
 	}
+}
+
+// teardown closes what the inode holds once its last reference (final
+// word w) is gone.
+func (i *inode) teardown(w uint64) {
 	i.lockMu.Lock()
 	for _, fd := range i.plocks {
 		sysClose(fd)
