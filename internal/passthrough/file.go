@@ -206,6 +206,7 @@ func (f *FS) openAsCaller(in *gofuse.CreateIn, group uint32, dirfd int, name *by
 		fd, e = sysOpenat(dirfd, name, fl, in.Mode&0o7777)
 		return e
 	})
+	f.warnFDLimit(errno)
 	return fd, errno
 }
 

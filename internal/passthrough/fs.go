@@ -160,6 +160,9 @@ func New(root string, opts Options, log *slog.Logger) (*FS, error) {
 		return nil, err
 	}
 	f.creds.init(f)
+	if !f.useHandles {
+		f.log.Info("passthrough: inodes held by O_PATH fd, at most the budget of them resident", "inode_fd_budget", f.budget)
+	}
 	// Creation modes arrive already masked by the guest (FUSE_DONT_MASK
 	// aside, handled per thread by the credential workers): the host must
 	// not mask them again.
