@@ -387,6 +387,24 @@ func TestBudgetConcurrent(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
+	for g := 0; g < 8; g += 4 {
+		must(t, os.WriteFile(tf.path(fmt.Sprintf("d%d/g%d", g%dirs, g)), nil, 0o644))
+	}
+	// A directory renamed back and forth under the others' requests.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for it := range 200 {
+			from, to := "d0", "d0-renamed"
+			if it%2 == 1 {
+				from, to = to, from
+			}
+			if errno := tf.Rename(hdr(rootID), rootID, 0, []byte(from), []byte(to)); errno != 0 {
+				errs <- fmt.Errorf("rename %s: %v", from, errno)
+				return
+			}
+		}
+	}()
 	for g := range 8 {
 		wg.Add(1)
 		go func() {
@@ -407,9 +425,6 @@ func TestBudgetConcurrent(t *testing.T) {
 				if g%4 == 0 && it%3 == 0 {
 					// Rename a file of our own back and forth.
 					own := fmt.Sprintf("g%d", g)
-					if it == 0 {
-						os.WriteFile(tf.path(fmt.Sprintf("d%d/%s", g%dirs, own)), nil, 0o644)
-					}
 					var e gofuse.EntryOut
 					if errno := tf.Lookup(hdr(dn[g%dirs]), []byte(own), &e); errno != 0 {
 						errs <- fmt.Errorf("lookup own %s: %v", own, errno)
