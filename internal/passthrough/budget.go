@@ -24,6 +24,8 @@ import (
 // ancestor whose fd is resident (the root at worst). Each request sets
 // the inode's used bit; the sweep clears it and passes over the inode once
 // (second chance), so recently used inodes and their directories stay.
+// The sweep visits the table's slots only: the few inodes a migration
+// restored under ids outside them (slotTable's overflow) stay resident.
 //
 // The fd and the use count share one word (refWord): a request takes its
 // reference and learns the resident fd in the one compare-and-swap
@@ -132,9 +134,19 @@ func fdBudget(o *Options) int64 {
 	return int64(defaultFDBudget(rl.Cur))
 }
 
-// overBudget evicts when the resident fds have reached the budget.
+// overBudget evicts when the resident fds have reached the budget, unless
+// the last sweep found too little to evict and the resident fds have not
+// grown by a batch since (inodes with open handles alone can fill the
+// budget: a sweep per request would then scan the table in vain).
 func (f *FS) overBudget() {
-	if f.residentFDs.Load() >= f.budget {
+	r := f.residentFDs.Load()
+	if r < f.budget {
+		if f.sweepAgainAt.Load() != 0 {
+			f.sweepAgainAt.Store(0)
+		}
+		return
+	}
+	if r >= f.sweepAgainAt.Load() {
 		f.evictSome()
 	}
 }
@@ -153,7 +165,8 @@ func (f *FS) evictSome() {
 		f.log.Warn("passthrough: inode fd budget reached: fds of unused inodes are closed and reopened by name when needed; a host-side rename, replace or unlink of such an inode then answers ESTALE to the guest (--inode-fd-budget, or file handles, avoid it)",
 			"budget", f.budget)
 	}
-	target := f.budget - f.budget/16
+	batch := max(f.budget/16, 1)
+	target := f.budget - batch
 	span := f.nodes.span()
 	for n := uint32(0); n < 2*span && f.residentFDs.Load() > target; n++ {
 		if f.hand >= span {
@@ -164,6 +177,11 @@ func (f *FS) evictSome() {
 		if i != nil {
 			f.tryEvict(i)
 		}
+	}
+	if r := f.residentFDs.Load(); r > target {
+		f.sweepAgainAt.Store(r + batch)
+	} else {
+		f.sweepAgainAt.Store(0)
 	}
 }
 

@@ -652,3 +652,32 @@ func TestBudgetLogsOnce(t *testing.T) {
 		t.Fatalf("no option named: %q", rec.msgs)
 	}
 }
+
+// TestBudgetFullOfHandles: open files alone fill the budget. Nothing can
+// be evicted, a sweep says so once and is not retried per request, and
+// every request still works.
+func TestBudgetFullOfHandles(t *testing.T) {
+	tf := budgetFS(t)
+	mkTree(t, tf, 1, 40)
+	d := tf.lookup(rootID, "d0").NodeId
+	var open []uint64
+	for n := range 24 {
+		e := tf.lookup(d, fmt.Sprint("f", n))
+		tf.open(e.NodeId, unix.O_RDONLY)
+		open = append(open, e.NodeId)
+	}
+	if tf.sweepAgainAt.Load() == 0 {
+		t.Fatal("a futile sweep is retried at once")
+	}
+	for n := 24; n < 40; n++ {
+		e := tf.lookup(d, fmt.Sprint("f", n))
+		if a := tf.getattr(e.NodeId); a.Ino != e.Attr.Ino {
+			t.Fatalf("f%d: ino %d, want %d", n, a.Ino, e.Attr.Ino)
+		}
+	}
+	for _, node := range open {
+		if !tf.resident(node) {
+			t.Fatalf("node %#x with an open handle was evicted", node)
+		}
+	}
+}

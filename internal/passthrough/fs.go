@@ -101,7 +101,8 @@ type FS struct {
 	evictedNow    atomic.Int64 // fd-held inodes without a resident fd
 	reopens       atomic.Uint64
 	estales       atomic.Uint64
-	evictMu       sync.Mutex // one sweep at a time; guards the fields below
+	sweepAgainAt  atomic.Int64 // resident fds at which a futile sweep is worth retrying; 0: now
+	evictMu       sync.Mutex   // one sweep at a time; guards the fields below
 	hand          uint32
 	budgetWarned  bool
 	noFID         map[uint64]bool // mounts without AT_HANDLE_FID
