@@ -36,13 +36,17 @@ import (
 // Names. Each fd-held inode records a parent (an *inode: the chain stays
 // in memory) and a name, set by the lookup that found it (LOOKUP,
 // READDIRPLUS, CREATE, MKDIR, MKNOD, SYMLINK, LINK: a lookup that finds
-// a known inode under another name records the new one) and kept current
-// by the guest's RENAME (exchange included), UNLINK and RMDIR (the
-// recorded name removed: the inode becomes nameless, its fd made
-// resident first). Those requests take namesMu for writing around their
-// syscall; a reopen takes it for reading, so it never sees a rename half
-// done. Host-side changes are not seen: a reopen then finds nothing, or
-// another object, and answers ESTALE.
+// a known inode under another name records the new one) and, from the
+// moment the budget is first reached, kept current by the guest's RENAME
+// (exchange included), UNLINK and RMDIR (the recorded name removed: the
+// inode becomes nameless, its fd made resident first). Those requests then
+// take namesMu for writing around their syscall; a reopen takes it for
+// reading, so it never sees a rename half done. Below the budget they only
+// take it for reading and pay no system call: when the budget is first
+// reached, every record is checked once against its parent's fd (all
+// still resident) before anything is evicted (names.go). Host-side changes
+// are not seen: a reopen then finds nothing, or another object, and
+// answers ESTALE.
 //
 // Reopen. One component at a time from the nearest resident ancestor
 // (openChild: O_PATH|O_NOFOLLOW, openat2 RESOLVE_BENEATH|NO_SYMLINKS|
@@ -107,6 +111,10 @@ func (i *inode) install(fd int) (int, bool) {
 type inodeName struct {
 	parent *inode
 	name   string
+	// checked: made while renames and removals were tracked, or checked
+	// since (checkRecord); an unchecked record is checked before its
+	// inode is evicted.
+	checked bool
 }
 
 // fdBudgetMin is the smallest budget accepted: a reopen walk holds at most
@@ -151,12 +159,21 @@ func (f *FS) overBudget() {
 	}
 }
 
+// fdAdded is overBudget for intern, which holds no lock: the first time
+// the budget is reached, the tracking of names starts.
+func (f *FS) fdAdded() {
+	if f.track.Load() == untracked && f.residentFDs.Load() >= f.budget {
+		f.startTracking()
+	}
+	f.overBudget()
+}
+
 // evictSome sweeps the node table from the clock hand, evicting until the
 // resident fds are down to the budget less 1/16. One sweep at a time: a
 // request finding one under way goes on (the budget is then exceeded by
 // at most the requests running).
 func (f *FS) evictSome() {
-	if !f.evictMu.TryLock() {
+	if f.track.Load() != tracked || !f.evictMu.TryLock() {
 		return
 	}
 	defer f.evictMu.Unlock()
@@ -188,7 +205,8 @@ func (f *FS) evictSome() {
 // tryEvict closes i's resident fd if policy allows it and nothing uses it;
 // a used inode only loses its used bit. The caller holds evictMu.
 func (f *FS) tryEvict(i *inode) {
-	if i.pinned || i.stale || i.fh != nil || i.name.Load() == nil {
+	nm := i.name.Load()
+	if i.pinned || i.stale || i.fh != nil || nm == nil {
 		return
 	}
 	w := i.ref.Load()
@@ -203,6 +221,10 @@ func (f *FS) tryEvict(i *inode) {
 	// read; the eviction then needs the count to be exactly the table's
 	// and the sweep's.
 	if !i.ref.CompareAndSwap(w, w+1) {
+		return
+	}
+	if !nm.checked && !f.checkRecord(i, nm) {
+		i.put()
 		return
 	}
 	fd := wordFD(w)
@@ -401,7 +423,7 @@ func (f *FS) noteName(i, dir *inode, name []byte) {
 	if nm != nil && nm.parent == dir && nm.name == string(name) {
 		return
 	}
-	rec := &inodeName{parent: dir, name: string(name)}
+	rec := &inodeName{parent: dir, name: string(name), checked: f.isTracking()}
 	if nm == nil && i.name.CompareAndSwap(nil, rec) {
 		return // a new inode: no reopen can be reading its record
 	}

@@ -53,6 +53,7 @@ func TestAllWithFDBudget(t *testing.T) {
 // evictUnused evicts every inode the policy allows that nothing uses, as
 // two turns of the clock do.
 func (f *FS) evictUnused() {
+	f.startTracking()
 	f.evictMu.Lock()
 	defer f.evictMu.Unlock()
 	for range 2 {
@@ -679,5 +680,61 @@ func TestBudgetFullOfHandles(t *testing.T) {
 		if !tf.resident(node) {
 			t.Fatalf("node %#x with an open handle was evicted", node)
 		}
+	}
+}
+
+// TestBudgetUntrackedBelow: below the budget the guest's renames and
+// unlinks are not tracked (no statx, no record change); when the budget is
+// reached, the records they left stale are found out before anything is
+// evicted, so those inodes stay reachable.
+func TestBudgetUntrackedBelow(t *testing.T) {
+	tf := budgetFS(t)
+	must(t, os.Mkdir(tf.path("d"), 0o755))
+	must(t, os.WriteFile(tf.path("d/f"), []byte("f"), 0o644))
+	must(t, os.WriteFile(tf.path("x"), []byte("x"), 0o644))
+	must(t, os.Link(tf.path("x"), tf.path("x2")))
+	d := tf.lookup(rootID, "d").NodeId
+	f := tf.lookup(d, "f")
+	x := tf.lookup(rootID, "x")
+	if errno := tf.Rename(hdr(d), rootID, 0, []byte("f"), []byte("e")); errno != 0 {
+		t.Fatal(errno)
+	}
+	if errno := tf.Unlink(hdr(rootID), []byte("x")); errno != 0 {
+		t.Fatal(errno)
+	}
+	if tf.isTracking() || recordIs(tf.nodes.get(f.NodeId), tf.nodes.get(d), []byte("e")) {
+		t.Fatal("tracked below the budget")
+	}
+	mkTree(t, tf, 1, 30)
+	d0 := tf.lookup(rootID, "d0").NodeId
+	for n := range 30 {
+		tf.lookup(d0, fmt.Sprint("f", n))
+	}
+	if tf.track.Load() != tracked {
+		t.Fatal("budget reached, not tracking")
+	}
+	check := func(step string) {
+		t.Helper()
+		for _, e := range []gofuse.EntryOut{f, x} {
+			if a, errno := tf.getattrErr(e.NodeId); errno != 0 || a.Ino != e.Attr.Ino {
+				t.Fatalf("%s: node %#x: ino %d, %v; want %d", step, e.NodeId, a.Ino, errno, e.Attr.Ino)
+			}
+		}
+	}
+	tf.evictUnused()
+	if !tf.resident(f.NodeId) || !tf.resident(x.NodeId) {
+		t.Fatal("an inode with a stale record was evicted")
+	}
+	check("after eviction")
+	// A lookup names them again: then they can go, and come back.
+	tf.lookup(rootID, "e")
+	tf.lookup(rootID, "x2")
+	tf.evictUnused()
+	if tf.resident(f.NodeId) || tf.resident(x.NodeId) {
+		t.Fatal("renamed inodes not evicted")
+	}
+	check("after a lookup and eviction")
+	if tf.estales.Load() != 0 {
+		t.Fatalf("%d ESTALE", tf.estales.Load())
 	}
 }

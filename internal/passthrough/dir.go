@@ -83,10 +83,14 @@ func (f *FS) removeName(h *gofuse.InHeader, name []byte, flags int) syscall.Errn
 	}
 	defer dir.put()
 	var cn cname
-	if f.tracksNames() {
-		return f.removeTracked(dir, name, cn.set(name), flags)
+	p := cn.set(name)
+	if !f.namesRecorded() {
+		return sysUnlinkat(dir.fd, p, flags)
 	}
-	return sysUnlinkat(dir.fd, cn.set(name), flags)
+	if errno, done := f.untracked(func() syscall.Errno { return sysUnlinkat(dir.fd, p, flags) }); done {
+		return errno
+	}
+	return f.removeTracked(dir, name, p, flags)
 }
 
 // Unlink removes a non-directory.
@@ -121,10 +125,14 @@ func (f *FS) Rename(h *gofuse.InHeader, newDir uint64, flags uint32, oldName, ne
 	}
 	defer nd.put()
 	var on, nn cname
-	if f.tracksNames() {
-		return f.renameTracked(od, nd, oldName, newName, on.set(oldName), nn.set(newName), flags)
+	op, np := on.set(oldName), nn.set(newName)
+	if !f.namesRecorded() {
+		return sysRenameat2(od.fd, op, nd.fd, np, flags)
 	}
-	return sysRenameat2(od.fd, on.set(oldName), nd.fd, nn.set(newName), flags)
+	if errno, done := f.untracked(func() syscall.Errno { return sysRenameat2(od.fd, op, nd.fd, np, flags) }); done {
+		return errno
+	}
+	return f.renameTracked(od, nd, oldName, newName, op, np, flags)
 }
 
 // Link makes a new name for in.Oldnodeid in directory in.NodeId.

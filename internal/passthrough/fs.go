@@ -107,7 +107,8 @@ type FS struct {
 	budgetWarned  bool
 	noFID         map[uint64]bool // mounts without AT_HANDLE_FID
 	fdLimitWarned atomic.Bool
-	fdHeld        atomic.Bool // some inode was held by fd: names are tracked
+	fdHeld        atomic.Bool   // some inode was held by fd: names are recorded
+	track         atomic.Uint32 // untracked, checking or tracked (names.go)
 	// namesMu orders the guest's renames and unlinks (writers) against
 	// reopen walks (readers) of inode names.
 	namesMu sync.RWMutex

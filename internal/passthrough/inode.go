@@ -391,7 +391,7 @@ func (f *FS) intern(fd int, st *unix.Statx_t) (*inode, syscall.Errno) {
 	ks.m[key] = i
 	ks.mu.Unlock()
 	if i.fh == nil {
-		f.overBudget()
+		f.fdAdded()
 	}
 	return i, 0
 }

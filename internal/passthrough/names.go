@@ -10,13 +10,92 @@ import (
 )
 
 // The guest's renames and removals keep the recorded names of fd-held
-// inodes current (budget.go): each takes namesMu for writing around its
-// syscall, finds the inodes the daemon knows at the names it changes, and
-// updates their records once the syscall succeeded.
+// inodes current (budget.go) once the budget has been reached: each takes
+// namesMu for writing around its syscall, finds the inodes the daemon knows
+// at the names it changes (a statx), and updates their records once the
+// syscall succeeded. Below the budget they cost nothing but a read lock:
+// the records they leave behind are checked, before their inode is first
+// evicted, against its parent (checkRecord).
 
-// tracksNames reports whether some inode is held by fd, so that names
+// namesRecorded reports whether some inode is held by fd, so that names
 // matter: with file handles alone they are neither recorded nor tracked.
-func (f *FS) tracksNames() bool { return f.fdHeld.Load() }
+func (f *FS) namesRecorded() bool { return f.fdHeld.Load() }
+
+// Tracking states (FS.track).
+const (
+	untracked uint32 = iota // below the budget so far
+	checking                // tracked; startTracking checks the older records
+	tracked                 // tracked, and evictions may run
+)
+
+// isTracking reports whether renames and removals are tracked.
+func (f *FS) isTracking() bool { return f.track.Load() != untracked }
+
+// startTracking turns the tracking of renames and removals on, for good,
+// when the budget is first reached: once the untracked ones under way
+// (holding namesMu for reading) are done, it checks every record made
+// until then against its parent's fd (nothing has been evicted yet, so
+// every parent's is resident: one statx per inode, once), and only then
+// lets evictions run. The caller holds no lock.
+func (f *FS) startTracking() {
+	if !f.track.CompareAndSwap(untracked, checking) {
+		return
+	}
+	f.namesMu.Lock()
+	f.namesMu.Unlock()
+	for idx := range f.nodes.span() {
+		i := f.nodes.at(idx)
+		if i == nil {
+			continue
+		}
+		if nm := i.name.Load(); nm != nil && !nm.checked && i.tryRef() {
+			f.checkRecord(i, nm)
+			i.put()
+		}
+	}
+	f.track.Store(tracked)
+}
+
+// untracked runs op (a rename or removal) without tracking, holding
+// namesMu for reading so that startTracking can wait for it; false when
+// tracking is on and op did not run.
+func (f *FS) untracked(op func() syscall.Errno) (syscall.Errno, bool) {
+	f.namesMu.RLock()
+	defer f.namesMu.RUnlock()
+	if f.isTracking() {
+		return 0, false
+	}
+	return op(), true
+}
+
+// checkRecord checks that the name recorded for i when nobody tracked
+// renames (nm) still leads to it from its parent's resident fd, and marks
+// the record checked; a record that no longer does goes (i is then
+// nameless until a lookup names it again). false: i is not to be evicted
+// now. The caller holds a use reference on i. startTracking checks the
+// records of its time; the sweep, any made by a lookup racing with it.
+func (f *FS) checkRecord(i *inode, nm *inodeName) bool {
+	p := nm.parent
+	pfd := f.rootFD()
+	if p != f.root {
+		fd, ok := p.acquire()
+		if !ok {
+			return false
+		}
+		defer p.put()
+		if pfd = fd; pfd < 0 {
+			return false // not resident: checked in a later sweep
+		}
+	}
+	var cn cname
+	var st unix.Statx_t
+	if sysStatx(pfd, cn.setString(nm.name), unix.AT_SYMLINK_NOFOLLOW, statxMask, &st) != 0 ||
+		uint32(st.Mode)&unix.S_IFMT != i.ftype || !keyOf(&st).sameObject(i.key) {
+		i.name.CompareAndSwap(nm, nil)
+		return false
+	}
+	return i.name.CompareAndSwap(nm, &inodeName{parent: p, name: nm.name, checked: true})
+}
 
 // recordIs reports whether i's recorded name is name in dir.
 func recordIs(i, dir *inode, name []byte) bool {
@@ -99,13 +178,15 @@ func (f *FS) renameTracked(od, nd iref, oldName, newName []byte, op, np *byte, f
 	}
 	if dst != nil && recordIs(dst, nd.inode, newName) {
 		if exchange {
-			dst.name.Store(&inodeName{parent: od.inode, name: string(oldName)})
+			dst.name.Store(&inodeName{parent: od.inode, name: string(oldName), checked: true})
 		} else {
 			dst.name.Store(nil)
 		}
 	}
-	if src != nil && (src.name.Load() == nil || recordIs(src, od.inode, oldName)) {
-		src.name.Store(&inodeName{parent: nd.inode, name: string(newName)})
+	if src != nil {
+		// Whatever name it had (a hard link's, a stale one), this one
+		// is current.
+		src.name.Store(&inodeName{parent: nd.inode, name: string(newName), checked: true})
 	}
 	return 0
 }
