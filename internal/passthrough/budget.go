@@ -33,20 +33,19 @@ import (
 // compare-and-swap from "this fd, no reference but the table's": no
 // request can be using it, and none can pick it up afterwards.
 //
-// Names. Each fd-held inode records a parent (an *inode: the chain stays
-// in memory) and a name, set by the lookup that found it (LOOKUP,
-// READDIRPLUS, CREATE, MKDIR, MKNOD, SYMLINK, LINK: a lookup that finds
-// a known inode under another name records the new one) and, from the
-// moment the budget is first reached, kept current by the guest's RENAME
-// (exchange included), UNLINK and RMDIR (the recorded name removed: the
-// inode becomes nameless, its fd made resident first). Those requests then
-// take namesMu for writing around their syscall; a reopen takes it for
-// reading, so it never sees a rename half done. Below the budget they only
-// take it for reading and pay no system call: when the budget is first
-// reached, every record is checked once against its parent's fd (all
-// still resident) before anything is evicted (names.go). Host-side changes
-// are not seen: a reopen then finds nothing, or another object, and
-// answers ESTALE.
+// Names. Once the budget is first reached (names.go), each fd-held inode
+// records a parent (an *inode: the chain stays in memory) and a name: those
+// held then, from their /proc/self/fd links, in one pass before anything
+// is evicted; later ones from the lookup that found them (LOOKUP,
+// READDIRPLUS, CREATE, MKDIR, MKNOD, SYMLINK, LINK: a lookup that finds a
+// known inode under another name records the new one). From then on the
+// guest's RENAME (exchange included), UNLINK and RMDIR keep them current
+// (the recorded name removed: the inode becomes nameless, its fd made
+// resident first): those requests take namesMu for writing around their
+// syscall; a reopen takes it for reading, so it never sees a rename half
+// done. Below the budget nothing is recorded: no allocation, no system
+// call. Host-side changes are not seen: a reopen then finds nothing, or
+// another object, and answers ESTALE.
 //
 // Reopen. One component at a time from the nearest resident ancestor
 // (openChild: O_PATH|O_NOFOLLOW, openat2 RESOLVE_BENEATH|NO_SYMLINKS|
@@ -111,10 +110,6 @@ func (i *inode) install(fd int) (int, bool) {
 type inodeName struct {
 	parent *inode
 	name   string
-	// checked: made while renames and removals were tracked, or checked
-	// since (checkRecord); an unchecked record is checked before its
-	// inode is evicted.
-	checked bool
 }
 
 // fdBudgetMin is the smallest budget accepted: a reopen walk holds at most
@@ -205,8 +200,7 @@ func (f *FS) evictSome() {
 // tryEvict closes i's resident fd if policy allows it and nothing uses it;
 // a used inode only loses its used bit. The caller holds evictMu.
 func (f *FS) tryEvict(i *inode) {
-	nm := i.name.Load()
-	if i.pinned || i.stale || i.fh != nil || nm == nil {
+	if i.pinned || i.stale || i.fh != nil || i.name.Load() == nil {
 		return
 	}
 	w := i.ref.Load()
@@ -221,10 +215,6 @@ func (f *FS) tryEvict(i *inode) {
 	// read; the eviction then needs the count to be exactly the table's
 	// and the sweep's.
 	if !i.ref.CompareAndSwap(w, w+1) {
-		return
-	}
-	if !nm.checked && !f.checkRecord(i, nm) {
-		i.put()
 		return
 	}
 	fd := wordFD(w)
@@ -413,17 +403,18 @@ func (f *FS) walkDir(d *inode, depth int) (walkFD, syscall.Errno) {
 	return walkFD{fs: f, fd: fd, held: d, owned: owned}, 0
 }
 
-// noteName records name in dir as where i was found (a lookup); a known
+// noteName records name in dir as where i was found (a lookup), once the
+// budget has been reached (below it, names are not recorded); a known
 // inode found under its recorded name costs one atomic load and a compare.
 func (f *FS) noteName(i, dir *inode, name []byte) {
-	if i.fh != nil || i.pinned || i.stale || dir == nil {
+	if !f.isTracking() || i.fh != nil || i.pinned || i.stale || dir == nil {
 		return
 	}
 	nm := i.name.Load()
 	if nm != nil && nm.parent == dir && nm.name == string(name) {
 		return
 	}
-	rec := &inodeName{parent: dir, name: string(name), checked: f.isTracking()}
+	rec := &inodeName{parent: dir, name: string(name)}
 	if nm == nil && i.name.CompareAndSwap(nil, rec) {
 		return // a new inode: no reopen can be reading its record
 	}

@@ -84,7 +84,7 @@ func (f *FS) removeName(h *gofuse.InHeader, name []byte, flags int) syscall.Errn
 	defer dir.put()
 	var cn cname
 	p := cn.set(name)
-	if !f.namesRecorded() {
+	if !f.mayTrack() {
 		return sysUnlinkat(dir.fd, p, flags)
 	}
 	if errno, done := f.untracked(func() syscall.Errno { return sysUnlinkat(dir.fd, p, flags) }); done {
@@ -126,7 +126,7 @@ func (f *FS) Rename(h *gofuse.InHeader, newDir uint64, flags uint32, oldName, ne
 	defer nd.put()
 	var on, nn cname
 	op, np := on.set(oldName), nn.set(newName)
-	if !f.namesRecorded() {
+	if !f.mayTrack() {
 		return sysRenameat2(od.fd, op, nd.fd, np, flags)
 	}
 	if errno, done := f.untracked(func() syscall.Errno { return sysRenameat2(od.fd, op, nd.fd, np, flags) }); done {

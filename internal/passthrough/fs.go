@@ -107,7 +107,7 @@ type FS struct {
 	budgetWarned  bool
 	noFID         map[uint64]bool // mounts without AT_HANDLE_FID
 	fdLimitWarned atomic.Bool
-	fdHeld        atomic.Bool   // some inode was held by fd: names are recorded
+	fdHeld        atomic.Bool   // some inode was held by fd: names may be tracked
 	track         atomic.Uint32 // untracked, checking or tracked (names.go)
 	// namesMu orders the guest's renames and unlinks (writers) against
 	// reopen walks (readers) of inode names.

@@ -179,7 +179,6 @@ func (f *FS) stage(s *migstate.State, plan *migstate.Plan, caps uint64) (_ *stag
 			return nil, err
 		}
 	}
-	l.nameStaged()
 	// The inodes only their children needed go now.
 	for _, i := range l.st.paths {
 		i.put()

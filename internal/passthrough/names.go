@@ -5,55 +5,89 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/govirtiofsd/govirtiofsd/internal/passthrough/migstate"
 )
 
-// The guest's renames and removals keep the recorded names of fd-held
-// inodes current (budget.go) once the budget has been reached: each takes
-// namesMu for writing around its syscall, finds the inodes the daemon knows
-// at the names it changes (a statx), and updates their records once the
-// syscall succeeded. Below the budget they cost nothing but a read lock:
-// the records they leave behind are checked, before their inode is first
-// evicted, against its parent (checkRecord).
+// The names of fd-held inodes (budget.go) are recorded, and kept current
+// by the guest's renames and removals, from the moment the budget is first
+// reached: each rename or removal then takes namesMu for writing around
+// its syscall, finds the inodes the daemon knows at the names it changes
+// (a statx), and updates their records once the syscall succeeded. Below
+// the budget nothing is recorded, and they cost nothing but a read lock.
 
-// namesRecorded reports whether some inode is held by fd, so that names
+// mayTrack reports whether some inode is held by fd, so that names may
 // matter: with file handles alone they are neither recorded nor tracked.
-func (f *FS) namesRecorded() bool { return f.fdHeld.Load() }
+func (f *FS) mayTrack() bool { return f.fdHeld.Load() }
 
 // Tracking states (FS.track).
 const (
 	untracked uint32 = iota // below the budget so far
-	checking                // tracked; startTracking checks the older records
+	checking                // tracked; startTracking names the inodes held
 	tracked                 // tracked, and evictions may run
 )
 
 // isTracking reports whether renames and removals are tracked.
 func (f *FS) isTracking() bool { return f.track.Load() != untracked }
 
-// startTracking turns the tracking of renames and removals on, for good,
-// when the budget is first reached: once the untracked ones under way
-// (holding namesMu for reading) are done, it checks every record made
-// until then against its parent's fd (nothing has been evicted yet, so
-// every parent's is resident: one statx per inode, once), and only then
-// lets evictions run. The caller holds no lock.
+// startTracking turns the recording of names and the tracking of renames
+// and removals on, for good, when the budget is first reached: once the
+// untracked renames and removals under way (holding namesMu for reading)
+// are done, it names every inode held until then from its /proc/self/fd
+// link (nothing has been evicted yet, so every one has its fd: a readlink
+// and a statx per inode, once), and only then lets evictions run. The
+// caller holds no lock.
 func (f *FS) startTracking() {
 	if !f.track.CompareAndSwap(untracked, checking) {
 		return
 	}
 	f.namesMu.Lock()
 	f.namesMu.Unlock()
-	for idx := range f.nodes.span() {
-		i := f.nodes.at(idx)
-		if i == nil {
-			continue
-		}
-		if nm := i.name.Load(); nm != nil && !nm.checked && i.tryRef() {
-			f.checkRecord(i, nm)
-			i.put()
+	if root, ok := f.rootLink(); ok {
+		for idx := range f.nodes.span() {
+			if i := f.nodes.at(idx); i != nil && i.fh == nil && !i.pinned && !i.stale && i.name.Load() == nil && i.tryRef() {
+				if nm := f.nameByLink(i.residentFD(), root); nm != nil {
+					i.name.CompareAndSwap(nil, nm)
+				}
+				i.put()
+			}
 		}
 	}
 	f.track.Store(tracked)
+}
+
+// nameByLink is the name of the object of fd (an inode's resident fd) in
+// its directory, as its /proc/self/fd link says (root: the shared
+// directory's link), the directory being the inode the daemon holds for
+// it; nil when it has none (unlinked, moved out of the share, or its
+// directory not held). A host-side change racing with it can only give a
+// name that a reopen will not verify.
+func (f *FS) nameByLink(fd int, root string) *inodeName {
+	link, ok := f.fdLink(fd)
+	if fd < 0 || !ok {
+		return nil
+	}
+	rel, ok := relLink(link, root)
+	if !ok {
+		return nil
+	}
+	j := strings.LastIndexByte(rel, '/')
+	name, dir := rel[j+1:], f.root
+	if j >= 0 {
+		p := make([]byte, j+1)
+		copy(p, rel[:j])
+		var st unix.Statx_t
+		if sysStatx(f.rootFD(), &p[0], unix.AT_SYMLINK_NOFOLLOW, statxMask, &st) != 0 {
+			return nil
+		}
+		key := keyOf(&st)
+		ks := &f.keys[key.hash()%keyShards]
+		ks.mu.Lock()
+		dir = ks.m[key]
+		ks.mu.Unlock()
+	}
+	if dir == nil || !dir.isDir() || dir.stale || checkName([]byte(name)) != 0 {
+		return nil
+	}
+	return &inodeName{parent: dir, name: name}
 }
 
 // untracked runs op (a rename or removal) without tracking, holding
@@ -66,35 +100,6 @@ func (f *FS) untracked(op func() syscall.Errno) (syscall.Errno, bool) {
 		return 0, false
 	}
 	return op(), true
-}
-
-// checkRecord checks that the name recorded for i when nobody tracked
-// renames (nm) still leads to it from its parent's resident fd, and marks
-// the record checked; a record that no longer does goes (i is then
-// nameless until a lookup names it again). false: i is not to be evicted
-// now. The caller holds a use reference on i. startTracking checks the
-// records of its time; the sweep, any made by a lookup racing with it.
-func (f *FS) checkRecord(i *inode, nm *inodeName) bool {
-	p := nm.parent
-	pfd := f.rootFD()
-	if p != f.root {
-		fd, ok := p.acquire()
-		if !ok {
-			return false
-		}
-		defer p.put()
-		if pfd = fd; pfd < 0 {
-			return false // not resident: checked in a later sweep
-		}
-	}
-	var cn cname
-	var st unix.Statx_t
-	if sysStatx(pfd, cn.setString(nm.name), unix.AT_SYMLINK_NOFOLLOW, statxMask, &st) != 0 ||
-		uint32(st.Mode)&unix.S_IFMT != i.ftype || !keyOf(&st).sameObject(i.key) {
-		i.name.CompareAndSwap(nm, nil)
-		return false
-	}
-	return i.name.CompareAndSwap(nm, &inodeName{parent: p, name: nm.name, checked: true})
 }
 
 // recordIs reports whether i's recorded name is name in dir.
@@ -178,7 +183,7 @@ func (f *FS) renameTracked(od, nd iref, oldName, newName []byte, op, np *byte, f
 	}
 	if dst != nil && recordIs(dst, nd.inode, newName) {
 		if exchange {
-			dst.name.Store(&inodeName{parent: od.inode, name: string(oldName), checked: true})
+			dst.name.Store(&inodeName{parent: od.inode, name: string(oldName)})
 		} else {
 			dst.name.Store(nil)
 		}
@@ -186,68 +191,7 @@ func (f *FS) renameTracked(od, nd iref, oldName, newName []byte, op, np *byte, f
 	if src != nil {
 		// Whatever name it had (a hard link's, a stale one), this one
 		// is current.
-		src.name.Store(&inodeName{parent: nd.inode, name: string(newName), checked: true})
+		src.name.Store(&inodeName{parent: nd.inode, name: string(newName)})
 	}
 	return 0
-}
-
-// nameStaged records a parent and name for each staged inode held by fd
-// (a migration's destination): its directory is the staged inode of its
-// path's directory, or the root. The path is the record's, or for one
-// reopened by file handle its /proc/self/fd link (a reopen verifies the
-// object anyway). Then a migrated guest's inodes can be evicted too; one
-// whose directory is not staged stays nameless (resident).
-func (l *loader) nameStaged() {
-	root, rootOK := l.f.rootLink()
-	paths := make([]string, len(l.s.Inodes))
-	byPath := map[string]*inode{"": l.f.root}
-	for k := range l.s.Inodes {
-		i := l.all[k]
-		if i == nil || i.stale || i.pinned {
-			continue
-		}
-		p, ok := l.rootPath(k)
-		if !ok && rootOK && i.fh == nil {
-			if link, lok := l.f.fdLink(i.residentFD()); lok {
-				p, ok = relLink(link, root)
-			}
-		}
-		if ok {
-			paths[k], byPath[p] = p, i
-		}
-	}
-	for k := range l.s.Inodes {
-		r, i := &l.s.Inodes[k], l.all[k]
-		if i == nil || i.stale || i.pinned || i.fh != nil {
-			continue
-		}
-		var dir *inode
-		rel := r.Path
-		if p := paths[k]; p != "" {
-			j := strings.LastIndexByte(p, '/')
-			dir, rel = byPath[p[:max(j, 0)]], p[j+1:]
-		} else if r.Loc == migstate.LocPath && !strings.Contains(rel, "/") {
-			dir = l.f.root
-			if r.Parent != rootID {
-				dir = l.all[l.plan.Parent[k]]
-			}
-		}
-		if dir != nil && dir.isDir() && !dir.stale && checkName([]byte(rel)) == 0 {
-			i.name.Store(&inodeName{parent: dir, name: rel})
-		}
-	}
-}
-
-// rootPath is record k's path below the shared directory, if it has one.
-func (l *loader) rootPath(k int) (string, bool) {
-	r := &l.s.Inodes[k]
-	switch {
-	case r.RawPath != "":
-		return r.RawPath, true
-	case r.Loc == migstate.LocFullPath:
-		return r.Path, true
-	case r.Loc == migstate.LocPath && r.Parent == rootID:
-		return r.Path, true
-	}
-	return "", false
 }
