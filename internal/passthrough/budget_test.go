@@ -27,6 +27,7 @@ func budgetFS(t *testing.T) *testFS {
 func budgetFSWith(t *testing.T, opts Options) *testFS {
 	t.Helper()
 	tf := newTestFS(t, opts)
+	tf.nameInline = true // eviction starts when the budget is reached
 	if tf.useHandles {
 		t.Skip("inodes held by file handle: no fd budget")
 	}
@@ -54,6 +55,7 @@ func TestAllWithFDBudget(t *testing.T) {
 // two turns of the clock do.
 func (f *FS) evictUnused() {
 	f.startTracking()
+	f.naming.Wait()
 	f.evictMu.Lock()
 	defer f.evictMu.Unlock()
 	for range 2 {
@@ -634,6 +636,7 @@ func TestBudgetLogsOnce(t *testing.T) {
 	if f.useHandles {
 		t.Skip("inodes held by file handle")
 	}
+	f.nameInline = true
 	f.Init(f.Capabilities())
 	for k := range 3 * fdBudgetMin {
 		name := fmt.Sprint("f", k)
@@ -736,5 +739,34 @@ func TestBudgetUntrackedBelow(t *testing.T) {
 	check("after a lookup and eviction")
 	if tf.estales.Load() != 0 {
 		t.Fatalf("%d ESTALE", tf.estales.Load())
+	}
+}
+
+// TestBudgetNamingInBackground: as the daemon runs, the naming pass at the
+// first budget hit runs beside the requests (the budget is exceeded
+// meanwhile), then evictions bring the fds back under it.
+func TestBudgetNamingInBackground(t *testing.T) {
+	tf := newTestFS(t, Options{InodeFDBudget: fdBudgetMin})
+	if tf.useHandles {
+		t.Skip("inodes held by file handle: no fd budget")
+	}
+	mkTree(t, tf, 2, 30)
+	var all []gofuse.EntryOut
+	for d := range 2 {
+		dn := tf.lookup(rootID, fmt.Sprint("d", d)).NodeId
+		for n := range 30 {
+			all = append(all, tf.lookup(dn, fmt.Sprint("f", n)))
+		}
+		if d == 0 {
+			tf.naming.Wait()
+		}
+	}
+	if r := tf.residentFDs.Load(); tf.track.Load() != tracked || r > fdBudgetMin {
+		t.Fatalf("%d resident fds once named, budget %d", r, fdBudgetMin)
+	}
+	for _, e := range all {
+		if a := tf.getattr(e.NodeId); a.Ino != e.Attr.Ino {
+			t.Fatalf("node %#x: ino %d, want %d", e.NodeId, a.Ino, e.Attr.Ino)
+		}
 	}
 }

@@ -107,8 +107,11 @@ type FS struct {
 	budgetWarned  bool
 	noFID         map[uint64]bool // mounts without AT_HANDLE_FID
 	fdLimitWarned atomic.Bool
-	fdHeld        atomic.Bool   // some inode was held by fd: names may be tracked
-	track         atomic.Uint32 // untracked, checking or tracked (names.go)
+	fdHeld        atomic.Bool    // some inode was held by fd: names may be tracked
+	track         atomic.Uint32  // untracked, checking or tracked (names.go)
+	naming        sync.WaitGroup // startTracking's pass
+	nameInline    bool           // tests: startTracking's pass runs before it returns
+	closing       atomic.Bool
 	// namesMu orders the guest's renames and unlinks (writers) against
 	// reopen walks (readers) of inode names.
 	namesMu sync.RWMutex
@@ -253,6 +256,8 @@ const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS | unix.RE
 // Close releases every inode and handle and the root. The FS must not be
 // used afterwards.
 func (f *FS) Close() error {
+	f.closing.Store(true)
+	f.naming.Wait()
 	f.stopCollecting(true)
 	f.reset()
 	f.creds.stop()

@@ -29,29 +29,51 @@ const (
 func (f *FS) isTracking() bool { return f.track.Load() != untracked }
 
 // startTracking turns the recording of names and the tracking of renames
-// and removals on, for good, when the budget is first reached: once the
-// untracked renames and removals under way (holding namesMu for reading)
-// are done, it names every inode held until then from its /proc/self/fd
-// link (nothing has been evicted yet, so every one has its fd: a readlink
-// and a statx per inode, once), and only then lets evictions run. The
-// caller holds no lock.
+// and removals on, for good, when the budget is first reached. In the
+// background (naming is a readlink and a statx per inode held, about 8 µs
+// each here: seconds for half a million), once the untracked renames and
+// removals under way (holding namesMu for reading) are done, it names every
+// inode held until then from its /proc/self/fd link (nothing has been
+// evicted yet, so every one has its fd), and only then lets evictions run:
+// meanwhile the budget is exceeded. The caller holds no lock.
 func (f *FS) startTracking() {
 	if !f.track.CompareAndSwap(untracked, checking) {
 		return
 	}
-	f.namesMu.Lock()
-	f.namesMu.Unlock()
-	if root, ok := f.rootLink(); ok {
-		for idx := range f.nodes.span() {
-			if i := f.nodes.at(idx); i != nil && i.fh == nil && !i.pinned && !i.stale && i.name.Load() == nil && i.tryRef() {
-				if nm := f.nameByLink(i.residentFD(), root); nm != nil {
-					i.name.CompareAndSwap(nil, nm)
-				}
-				i.put()
+	f.naming.Add(1)
+	pass := func() {
+		defer f.naming.Done()
+		f.namesMu.Lock()
+		f.namesMu.Unlock()
+		f.nameHeld()
+		f.track.Store(tracked)
+		f.overBudget() // what was added meanwhile
+	}
+	if f.nameInline {
+		pass()
+		return
+	}
+	go pass()
+}
+
+// nameHeld names every fd-held inode in the table that has no name yet
+// from its /proc/self/fd link.
+func (f *FS) nameHeld() {
+	root, ok := f.rootLink()
+	if !ok {
+		return
+	}
+	for idx := range f.nodes.span() {
+		if f.closing.Load() {
+			return
+		}
+		if i := f.nodes.at(idx); i != nil && i.fh == nil && !i.pinned && !i.stale && i.name.Load() == nil && i.tryRef() {
+			if nm := f.nameByLink(i.residentFD(), root); nm != nil {
+				i.name.CompareAndSwap(nil, nm)
 			}
+			i.put()
 		}
 	}
-	f.track.Store(tracked)
 }
 
 // nameByLink is the name of the object of fd (an inode's resident fd) in
