@@ -108,7 +108,7 @@ type FS struct {
 	noFID         map[uint64]bool // mounts without AT_HANDLE_FID
 	fdLimitWarned atomic.Bool
 	fdHeld        atomic.Bool    // some inode was held by fd: names may be tracked
-	track         atomic.Uint32  // untracked, checking or tracked (names.go)
+	track         atomic.Uint32  // untracked, namingPass or tracked (names.go)
 	naming        sync.WaitGroup // startTracking's pass
 	nameInline    bool           // tests: startTracking's pass runs before it returns
 	closing       atomic.Bool

@@ -20,9 +20,9 @@ func (f *FS) mayTrack() bool { return f.fdHeld.Load() }
 
 // Tracking states (FS.track).
 const (
-	untracked uint32 = iota // below the budget so far
-	checking                // tracked; startTracking names the inodes held
-	tracked                 // tracked, and evictions may run
+	untracked  uint32 = iota // below the budget so far
+	namingPass               // tracked; startTracking names the inodes held
+	tracked                  // tracked, and evictions may run
 )
 
 // isTracking reports whether renames and removals are tracked.
@@ -37,7 +37,7 @@ func (f *FS) isTracking() bool { return f.track.Load() != untracked }
 // evicted yet, so every one has its fd), and only then lets evictions run:
 // meanwhile the budget is exceeded. The caller holds no lock.
 func (f *FS) startTracking() {
-	if !f.track.CompareAndSwap(untracked, checking) {
+	if !f.track.CompareAndSwap(untracked, namingPass) {
 		return
 	}
 	f.naming.Add(1)
