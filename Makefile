@@ -96,11 +96,16 @@ PACKED_RING_TESTS := ^(TestRoundTrips|TestMultiQueue|TestMaxRingIndex|TestStradd
 # checks, seccomp kill and log, an unprivileged user), then the escape,
 # CVE and migration tests again in the chroot sandbox (make unit runs them
 # with --sandbox none): a migrated inode's path comes from /proc/self/fd,
-# which each mode sees differently; then PACKED_RING_TESTS on packed rings.
+# which each mode sees differently; then the same and the data path on an
+# overlayfs share with an fd budget of 16, so that nearly every request
+# evicts or reopens an inode; then PACKED_RING_TESTS on packed rings.
+BUDGET_TESTS := ^(TestEscape|TestCVE|TestForgetAbuse|TestStaleIDs|TestMigration|TestFDBudget|TestRoundTrips)
 integration-sandbox: deps build
 	GOVIRTIOFSD_INTEGRATION_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./test/integration/
 	GOVIRTIOFSD_INTEGRATION_BIN=$(CURDIR)/$(BIN) GOVIRTIOFSD_INTEGRATION_SANDBOX=chroot \
 		$(GO) test -count=1 -timeout 10m -run '^(TestEscape|TestCVE|TestForgetAbuse|TestStaleIDs|TestMigration)' ./test/integration/
+	GOVIRTIOFSD_INTEGRATION_BIN=$(CURDIR)/$(BIN) GOVIRTIOFSD_INTEGRATION_SHARE=overlay-budget \
+		$(GO) test -count=1 -timeout 10m -run '$(BUDGET_TESTS)' ./test/integration/
 	GOVIRTIOFSD_INTEGRATION_BIN=$(CURDIR)/$(BIN) GOVIRTIOFSD_INTEGRATION_RINGS=packed \
 		$(GO) test -count=1 -timeout 10m -run '$(PACKED_RING_TESTS)' ./test/integration/
 

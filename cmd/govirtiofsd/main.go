@@ -510,6 +510,7 @@ func newFileSystem(o *Options, in *sandbox.Inside, log *slog.Logger) (*passthrou
 		AllowDirectIO:     o.AllowDirectIO,
 		KillprivV2:        o.KillprivV2,
 		InodeFileHandles:  handles,
+		InodeFDBudget:     o.InodeFDBudget, // 0: half the RLIMIT_NOFILE setNofile left
 		PosixLocks:        o.PosixLock,
 		Flock:             o.Flock,
 		ReadOnly:          o.ReadOnly,

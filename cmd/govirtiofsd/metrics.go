@@ -68,6 +68,12 @@ func (m *metricsSource) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	inodes, handles := m.fileSystem.OpenCounts()
 	fmt.Fprintf(bw, "# HELP govirtiofsd_open_inodes Inodes the guest holds (looked up and not forgotten), the root included.\n# TYPE govirtiofsd_open_inodes gauge\ngovirtiofsd_open_inodes %d\n", inodes)
 	fmt.Fprintf(bw, "# HELP govirtiofsd_open_handles Open file and directory handles.\n# TYPE govirtiofsd_open_handles gauge\ngovirtiofsd_open_handles %d\n", handles)
+	st, bst := m.fileSystem.Stats(), m.fileSystem.BudgetStats()
+	fmt.Fprintf(bw, "# HELP govirtiofsd_inode_fds O_PATH fds held for inodes (the root's, file handle mounts' and requests' own included).\n# TYPE govirtiofsd_inode_fds gauge\ngovirtiofsd_inode_fds %d\n", st.InodeFDs)
+	fmt.Fprintf(bw, "# HELP govirtiofsd_inode_fd_budget The most fds held by inodes held by fd before unused ones are evicted (--inode-fd-budget).\n# TYPE govirtiofsd_inode_fd_budget gauge\ngovirtiofsd_inode_fd_budget %d\n", bst.Budget)
+	fmt.Fprintf(bw, "# HELP govirtiofsd_inodes_evicted Inodes held by fd whose fd is closed for the budget, reopened by name when needed.\n# TYPE govirtiofsd_inodes_evicted gauge\ngovirtiofsd_inodes_evicted %d\n", bst.Evicted)
+	fmt.Fprintf(bw, "# HELP govirtiofsd_inode_reopens_total Evicted inodes reopened by name.\n# TYPE govirtiofsd_inode_reopens_total counter\ngovirtiofsd_inode_reopens_total %d\n", bst.Reopens)
+	fmt.Fprintf(bw, "# HELP govirtiofsd_inode_stale_total Reopens that found the object gone or replaced on the host, answered ESTALE.\n# TYPE govirtiofsd_inode_stale_total counter\ngovirtiofsd_inode_stale_total %d\n", bst.Stale)
 	fmt.Fprintf(bw, "# HELP govirtiofsd_goroutines Goroutines of the daemon.\n# TYPE govirtiofsd_goroutines gauge\ngovirtiofsd_goroutines %d\n", runtime.NumGoroutine())
 	bw.Flush()
 }

@@ -44,6 +44,7 @@ type Options struct {
 	AllowDirectIO     bool
 	KillprivV2        bool
 	InodeFileHandles  string
+	InodeFDBudget     int
 	PosixLock         bool
 	Flock             bool
 	ReadOnly          bool
@@ -380,6 +381,8 @@ var optionTable = []option{
 		field: notBoolField(func(o *Options) *bool { return &o.KillprivV2 })},
 	{long: "inode-file-handles", kind: optString, usage: "when to hold inodes as file handles, `MODE`: never, prefer (where the file system and CAP_DAC_READ_SEARCH allow, else O_PATH fds) or mandatory",
 		field: enumField(func(o *Options) *string { return &o.InodeFileHandles }, "never", "prefer", "mandatory")},
+	{long: "inode-fd-budget", kind: optInt, usage: "keep at most `N` O_PATH fds open for inodes held by fd (no file handles); past it, unused inodes are closed and reopened by name, and a host-side change to one answers ESTALE (0: the default; at least 16)",
+		dflt: "half of RLIMIT_NOFILE", field: uintField(func(o *Options) *int { return &o.InodeFDBudget })},
 	{oKey: "posix_lock", kind: optBool, usage: "enable POSIX locks",
 		field: boolField(func(o *Options) *bool { return &o.PosixLock })},
 	{oKey: "flock", kind: optBool, usage: "enable flock locks",

@@ -80,6 +80,7 @@ var parseCases = []struct {
 	{"--thread-pool-size", []string{"--thread-pool-size=1"}, true, func(o *Options) { o.ThreadPoolSize = 1 }},
 	{"-o thread_pool_size", []string{"-o", "thread_pool_size=0"}, true, func(o *Options) { o.ThreadPoolSize = 0 }},
 	{"--rlimit-nofile", []string{"--rlimit-nofile", "4096"}, true, func(o *Options) { o.RlimitNofile = 4096 }},
+	{"--inode-fd-budget", []string{"--inode-fd-budget=5000"}, true, func(o *Options) { o.InodeFDBudget = 5000 }},
 	{"--rlimit-nofile 0", []string{"--rlimit-nofile=0"}, true, func(o *Options) { o.RlimitNofile = 0 }},
 	{"--metrics-addr", []string{"--metrics-addr", "unix:/run/m.sock"}, true, func(o *Options) { o.MetricsAddr = "unix:/run/m.sock" }},
 
@@ -465,6 +466,7 @@ func TestHelp(t *testing.T) {
 		`--inode-file-handles MODE `, `(default "prefer")`,
 		`(default one fewer than the CPUs, at least 1)`,
 		`(default raised to min(1000000, fs.nr_open))`,
+		`--inode-fd-budget N `, `(default half of RLIMIT_NOFILE)`,
 		`--sandbox MODE `, `(default "namespace")`, `(default "kill")`,
 		`-o [no_]posix_lock `, `(default no_posix_lock)`,
 		`-d, -o debug `, `-o OPTIONS `,

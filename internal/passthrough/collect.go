@@ -126,7 +126,7 @@ func stopped(stop <-chan struct{}) bool {
 // rootLink is the /proc/self/fd link of the shared directory: "/" inside
 // the namespace and chroot sandboxes, the host path without a sandbox.
 func (f *FS) rootLink() (string, bool) {
-	return f.fdLink(f.root.fd)
+	return f.fdLink(f.rootFD())
 }
 
 func (f *FS) fdLink(fd int) (string, bool) {
@@ -167,7 +167,7 @@ func relLink(link, root string) (string, bool) {
 // counts in inodeFDs. Collection verifies paths with it, a destination
 // reopens them.
 func (f *FS) openBeneath(rel string) (int, syscall.Errno) {
-	return f.openBeneathAt(f.root.fd, rel)
+	return f.openBeneathAt(f.rootFD(), rel)
 }
 
 // openBeneathAt is openBeneath below directory dirfd (an inode's fd).
@@ -408,7 +408,7 @@ func (f *FS) claim(dfd int, name *byte, st *unix.Statx_t, child string, cands []
 
 // openSearchDir opens a directory of the search for reading.
 func (f *FS) openSearchDir(rel string) (int, bool) {
-	pfd := f.root.fd
+	pfd := f.rootFD()
 	if rel != "" {
 		var e syscall.Errno
 		if pfd, e = f.openBeneath(rel); e != 0 {

@@ -83,7 +83,14 @@ func (f *FS) removeName(h *gofuse.InHeader, name []byte, flags int) syscall.Errn
 	}
 	defer dir.put()
 	var cn cname
-	return sysUnlinkat(dir.fd, cn.set(name), flags)
+	p := cn.set(name)
+	if !f.mayTrack() {
+		return sysUnlinkat(dir.fd, p, flags)
+	}
+	if errno, done := f.untracked(func() syscall.Errno { return sysUnlinkat(dir.fd, p, flags) }); done {
+		return errno
+	}
+	return f.removeTracked(dir, name, p, flags)
 }
 
 // Unlink removes a non-directory.
@@ -118,7 +125,14 @@ func (f *FS) Rename(h *gofuse.InHeader, newDir uint64, flags uint32, oldName, ne
 	}
 	defer nd.put()
 	var on, nn cname
-	return sysRenameat2(od.fd, on.set(oldName), nd.fd, nn.set(newName), flags)
+	op, np := on.set(oldName), nn.set(newName)
+	if !f.mayTrack() {
+		return sysRenameat2(od.fd, op, nd.fd, np, flags)
+	}
+	if errno, done := f.untracked(func() syscall.Errno { return sysRenameat2(od.fd, op, nd.fd, np, flags) }); done {
+		return errno
+	}
+	return f.renameTracked(od, nd, oldName, newName, op, np, flags)
 }
 
 // Link makes a new name for in.Oldnodeid in directory in.NodeId.
@@ -299,7 +313,7 @@ func (f *FS) ReadDir(in *gofuse.ReadIn, plus bool, emit func(name []byte, ino ui
 		}
 		emitted = true
 		if plus && eo != nil {
-			if isDotOrDotDot(ent.name) || f.plusLookup(h, &rec[direntNameOff], eo) != 0 {
+			if isDotOrDotDot(ent.name) || f.plusLookup(h, ent.name, &rec[direntNameOff], eo) != 0 {
 				*eo = gofuse.EntryOut{}
 				eo.Ino = ent.ino
 				eo.Mode = typ
@@ -345,14 +359,14 @@ func parseDirent(buf []byte) (dirent64, bool) {
 	}, true
 }
 
-// plusLookup looks up a READDIRPLUS entry by its NUL-terminated name in the
-// getdents buffer.
-func (f *FS) plusLookup(dir *handle, name *byte, out *gofuse.EntryOut) syscall.Errno {
-	fd, errno := f.openChild(dir.fd, name)
+// plusLookup looks up a READDIRPLUS entry by its name, cname its
+// NUL-terminated copy in the getdents buffer.
+func (f *FS) plusLookup(dir *handle, name []byte, cname *byte, out *gofuse.EntryOut) syscall.Errno {
+	fd, errno := f.openChild(dir.fd, cname)
 	if errno != 0 {
 		return errno
 	}
-	return f.internFD(fd, dir.ino.key.mntID, out)
+	return f.internFD(fd, dir.ino, name, out)
 }
 
 func fsyncFD(fd int, flags uint32) syscall.Errno {

@@ -58,6 +58,8 @@ func (f *FS) openBeneath2(dirfd int, path *byte) (int, syscall.Errno) {
 		}
 		if e == 0 {
 			f.inodeFDs.Add(1)
+		} else {
+			f.warnFDLimit(e)
 		}
 		return fd, e
 	}
@@ -73,6 +75,8 @@ func (f *FS) openChild(dirfd int, name *byte) (int, syscall.Errno) {
 	fd, e := sysOpenat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if e == 0 {
 		f.inodeFDs.Add(1)
+	} else {
+		f.warnFDLimit(e)
 	}
 	return fd, e
 }
@@ -87,6 +91,7 @@ func (f *FS) lookupName(dir iref, name []byte, out *gofuse.EntryOut) syscall.Err
 	switch {
 	case len(name) == 2 && name[0] == '.' && name[1] == '.':
 		fd, errno = f.openParent(dir)
+		name = nil // no name to record: dir's parent is not known by one
 	default:
 		var cn cname
 		fd, errno = f.openChild(dir.fd, cn.set(name))
@@ -94,12 +99,13 @@ func (f *FS) lookupName(dir iref, name []byte, out *gofuse.EntryOut) syscall.Err
 	if errno != 0 {
 		return errno
 	}
-	return f.internFD(fd, dir.key.mntID, out)
+	return f.internFD(fd, dir.inode, name, out)
 }
 
-// internFD stats an O_PATH fd, interns it (taking ownership of fd) and fills
-// out with one new lookup reference.
-func (f *FS) internFD(fd int, parentMnt uint64, out *gofuse.EntryOut) syscall.Errno {
+// internFD stats an O_PATH fd, interns it (taking ownership of fd), records
+// name in dir as where it was found (nil: nowhere) and fills out with one
+// new lookup reference.
+func (f *FS) internFD(fd int, dir *inode, name []byte, out *gofuse.EntryOut) syscall.Errno {
 	var st unix.Statx_t
 	if errno := statxFD(fd, &st); errno != 0 {
 		sysClose(fd)
@@ -110,7 +116,10 @@ func (f *FS) internFD(fd int, parentMnt uint64, out *gofuse.EntryOut) syscall.Er
 	if errno != 0 {
 		return errno
 	}
-	f.fillEntry(out, i, &st, parentMnt)
+	if name != nil {
+		f.noteName(i, dir, name)
+	}
+	f.fillEntry(out, i, &st, dir.key.mntID)
 	return 0
 }
 
@@ -135,7 +144,7 @@ func (f *FS) openParent(dir iref) (int, syscall.Errno) {
 }
 
 func (f *FS) dupRoot() (int, syscall.Errno) {
-	fd, err := unix.FcntlInt(uintptr(f.root.fd), unix.F_DUPFD_CLOEXEC, 0)
+	fd, err := unix.FcntlInt(uintptr(f.rootFD()), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return -1, toErrno(err)
 	}
@@ -262,6 +271,9 @@ func (f *FS) reopen(i iref, flags int) (int, syscall.Errno) {
 	}
 	var b fdName
 	fd, e := sysOpenat(f.procSelfFD, procName(&b, i.fd), (flags&^unix.O_NOFOLLOW)|unix.O_CLOEXEC, 0)
+	if e != 0 {
+		f.warnFDLimit(e)
+	}
 	return fd, e
 }
 

@@ -98,7 +98,7 @@ func (f *FS) Create(in *gofuse.CreateIn, group uint32, name []byte, out *gofuse.
 	if errno != 0 {
 		return errno
 	}
-	return f.finishCreate(fd, fl, dir, out)
+	return f.finishCreate(fd, fl, dir, name, out)
 }
 
 // createOpenExisting handles CREATE of a name that exists: look it up, then
@@ -147,8 +147,9 @@ func (f *FS) createOpenExisting(dir iref, name []byte, fl int, openFlags uint32,
 
 // finishCreate turns a freshly created open fd into an inode (through an
 // O_PATH reopen of the very same file, so a concurrent rename cannot swap
-// in another object) plus a handle.
-func (f *FS) finishCreate(fd int, fl int, dir iref, out *gofuse.CreateOut) syscall.Errno {
+// in another object) plus a handle. name is the file's name in dir (nil: an
+// O_TMPFILE).
+func (f *FS) finishCreate(fd int, fl int, dir iref, name []byte, out *gofuse.CreateOut) syscall.Errno {
 	var b fdName
 	pfd, errno := sysOpenat(f.procSelfFD, procName(&b, fd), unix.O_PATH|unix.O_CLOEXEC, 0)
 	if errno != 0 {
@@ -156,7 +157,7 @@ func (f *FS) finishCreate(fd int, fl int, dir iref, out *gofuse.CreateOut) sysca
 		return errno
 	}
 	f.inodeFDs.Add(1)
-	if errno = f.internFD(pfd, dir.key.mntID, &out.EntryOut); errno != 0 {
+	if errno = f.internFD(pfd, dir.inode, name, &out.EntryOut); errno != 0 {
 		sysClose(fd)
 		return errno
 	}
@@ -193,7 +194,7 @@ func (f *FS) Tmpfile(in *gofuse.CreateIn, group uint32, out *gofuse.CreateOut) s
 	if errno != 0 {
 		return errno
 	}
-	return f.finishCreate(fd, fl, dir, out)
+	return f.finishCreate(fd, fl, dir, nil, out)
 }
 
 // openAsCaller opens name in dirfd with host flags fl as in's caller (its
@@ -205,6 +206,7 @@ func (f *FS) openAsCaller(in *gofuse.CreateIn, group uint32, dirfd int, name *by
 		fd, e = sysOpenat(dirfd, name, fl, in.Mode&0o7777)
 		return e
 	})
+	f.warnFDLimit(errno)
 	return fd, errno
 }
 

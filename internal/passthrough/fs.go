@@ -3,11 +3,12 @@
 //
 // It owns everything that touches the host file system on the guest's
 // behalf: the inode table (host objects keyed by device, inode number and
-// mount id, held open as O_PATH fds and refcounted by the guest's lookup
-// count), the handle table of open files and directories, the validation of
-// every name and id the guest sends, the credentials used to create objects,
-// kill-priv handling, cache-mode timeouts and open flags, locks, and the
-// live migration of all that: collecting a way to each inode, saving the
+// mount id, held as O_PATH fds or file handles and refcounted by the
+// guest's lookup count; fds within a budget, past which unused ones are
+// evicted and reopened by name: budget.go, names.go), the handle table of
+// open files and directories, the validation of every name and id the
+// guest sends, the credentials used to create objects, kill-priv handling,
+// cache-mode timeouts and open flags, locks, and the live migration of all that: collecting a way to each inode, saving the
 // tables and reopening them on a destination (collect.go, save.go,
 // load.go; the state's records and stream are package migstate's).
 //
@@ -97,6 +98,27 @@ type FS struct {
 	// fd accounting (for tests and metrics)
 	inodeFDs  atomic.Int64
 	handleFDs atomic.Int64
+
+	// The fd budget (budget.go).
+	budget        int64
+	residentFDs   atomic.Int64 // resident fds of fd-held inodes, the root's aside
+	evictedNow    atomic.Int64 // fd-held inodes without a resident fd
+	reopens       atomic.Uint64
+	estales       atomic.Uint64
+	sweepAgainAt  atomic.Int64 // resident fds at which a futile sweep is worth retrying; 0: now
+	evictMu       sync.Mutex   // one sweep at a time; guards the fields below
+	hand          uint32
+	budgetWarned  bool
+	noFID         map[uint64]bool // mounts without AT_HANDLE_FID
+	fdLimitWarned atomic.Bool
+	fdHeld        atomic.Bool    // some inode was held by fd: names may be tracked
+	track         atomic.Uint32  // untracked, namingPass or tracked (names.go)
+	naming        sync.WaitGroup // startTracking's pass
+	nameInline    bool           // tests: startTracking's pass runs before it returns
+	closing       atomic.Bool
+	// namesMu orders the guest's renames and unlinks (writers) against
+	// reopen walks (readers) of inode names.
+	namesMu sync.RWMutex
 }
 
 // New opens root (O_PATH) and returns a file system serving it. log (not
@@ -115,7 +137,7 @@ func New(root string, opts Options, log *slog.Logger) (*FS, error) {
 		// confirm and nothing to verify.
 		return nil, fmt.Errorf("migration path confirmation and handle verification apply to find-paths mode only")
 	}
-	f := &FS{opts: opts, log: log, procSelfFD: -1}
+	f := &FS{opts: opts, log: log, procSelfFD: -1, budget: fdBudget(&opts)}
 	xm, err := parseXattrMap(opts.XattrMap)
 	if err != nil {
 		return nil, err
@@ -143,6 +165,9 @@ func New(root string, opts Options, log *slog.Logger) (*FS, error) {
 		return nil, err
 	}
 	f.creds.init(f)
+	if !f.useHandles {
+		f.log.Info("passthrough: inodes held by O_PATH fd, at most the budget of them resident", "inode_fd_budget", f.budget)
+	}
 	// Creation modes arrive already masked by the guest (FUSE_DONT_MASK
 	// aside, handled per thread by the credential workers): the host must
 	// not mask them again.
@@ -187,13 +212,13 @@ func (f *FS) openRoot(root string) (err error) {
 		}
 	}
 	f.inodeFDs.Add(1)
-	f.root = &inode{id: rootID, key: keyOf(&st), fd: rfd, ftype: unix.S_IFDIR, pinned: true, fs: f}
+	f.root = &inode{id: rootID, key: keyOf(&st), ftype: unix.S_IFDIR, pinned: true, fs: f}
+	f.root.ref.Store(residentWord(rfd) | 1)
 	if f.opts.InodeFileHandles != FileHandlesNever {
 		if err := f.useFileHandles(rfd); err != nil {
 			return err
 		}
 	}
-	f.root.refs.Store(1)
 	f.keys[f.root.key.hash()%keyShards].add(f.root)
 
 	// Probe openat2 (Linux 5.6+; a seccomp filter may also refuse it).
@@ -241,11 +266,13 @@ const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS | unix.RE
 // Close releases every inode and handle and the root. The FS must not be
 // used afterwards.
 func (f *FS) Close() error {
+	f.closing.Store(true)
+	f.naming.Wait()
 	f.stopCollecting(true)
 	f.reset()
 	f.creds.stop()
 	f.closeOnce.Do(func() {
-		sysClose(f.root.fd)
+		sysClose(f.root.residentFD())
 		sysClose(f.procSelfFD)
 	})
 	return nil
@@ -364,6 +391,24 @@ func (f *FS) Stats() Stats {
 		InodeFDs:  int(f.inodeFDs.Load()),
 		HandleFDs: int(f.handleFDs.Load()),
 		LockFDs:   int(f.locks.Load()),
+	}
+}
+
+// BudgetStats reports the fd budget's work (budget.go): the budget, the
+// inodes evicted now, the reopens so far and the reopens that answered
+// ESTALE.
+type BudgetStats struct {
+	Budget, Evicted int
+	Reopens, Stale  uint64
+}
+
+// BudgetStats returns the fd budget's figures, for metrics.
+func (f *FS) BudgetStats() BudgetStats {
+	return BudgetStats{
+		Budget:  int(f.budget),
+		Evicted: int(f.evictedNow.Load()),
+		Reopens: f.reopens.Load(),
+		Stale:   f.estales.Load(),
 	}
 }
 

@@ -75,18 +75,25 @@ type mountFD struct {
 
 // encode is name_to_handle_at(fd, "", AT_EMPTY_PATH) into b.
 func (b *handleBuf) encode(fd int) syscall.Errno {
+	_, e := b.encodeAt(fd, 0)
+	return e
+}
+
+// encodeAt is name_to_handle_at(fd, "", AT_EMPTY_PATH|flags) into b; it
+// returns the mount id the kernel reports with the handle.
+func (b *handleBuf) encodeAt(fd, flags int) (int32, syscall.Errno) {
 	var mnt int32
 	for {
 		b.size = maxHandleSize
 		_, _, e := unix.Syscall6(unix.SYS_NAME_TO_HANDLE_AT, uintptr(fd), uintptr(unsafe.Pointer(&emptyPath[0])),
-			uintptr(unsafe.Pointer(b)), uintptr(unsafe.Pointer(&mnt)), unix.AT_EMPTY_PATH, 0)
+			uintptr(unsafe.Pointer(b)), uintptr(unsafe.Pointer(&mnt)), uintptr(unix.AT_EMPTY_PATH|flags), 0)
 		if e == unix.EINTR {
 			continue
 		}
 		if e == 0 && b.size > maxHandleSize {
-			return syscall.EOVERFLOW
+			return mnt, syscall.EOVERFLOW
 		}
-		return e
+		return mnt, e
 	}
 }
 

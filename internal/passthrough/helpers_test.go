@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 
@@ -46,6 +47,9 @@ func openTestFS(t *testing.T, dir, base string, opts Options) *testFS {
 	t.Helper()
 	if opts.InodeFileHandles == FileHandlesNever && os.Getenv("PT_FILE_HANDLES") == "prefer" {
 		opts.InodeFileHandles = FileHandlesPrefer
+	}
+	if b, err := strconv.Atoi(os.Getenv("PT_FD_BUDGET")); err == nil && opts.InodeFDBudget == 0 {
+		opts.InodeFDBudget = b
 	}
 	f, err := New(dir, opts, testLog)
 	if err != nil {

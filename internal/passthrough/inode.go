@@ -46,28 +46,35 @@ func (k inodeKey) hash() uint32 {
 	return uint32(h>>32) ^ uint32(h)
 }
 
-// inode is one host object the guest holds lookups on. Its O_PATH fd lives
-// as long as anything refers to it: the table (while the guest's lookup
-// count is above zero), each request using it, and each open handle.
+// inode is one host object the guest holds lookups on. It lives as long as
+// anything refers to it: the table (while the guest's lookup count is above
+// zero), each request using it, and each open handle. Held by fd, its
+// O_PATH fd is resident while it has one (see ref and budget.go).
 type inode struct {
 	id  uint64
 	key inodeKey
-	fd  int // O_PATH|O_NOFOLLOW, or -1 when held as a file handle
+	// ref packs the use count and the resident O_PATH fd (refWord).
+	ref atomic.Uint64
 	// mnt is the mount fd key.handle opens on when the inode is held as a
-	// file handle (fd is then -1); nil when it is held by fd.
+	// file handle; nil when it is held by fd.
 	mnt   *mountFD
 	ftype uint16 // S_IFMT bits; an object's type never changes
 	// pinned inodes (the root) ignore nlookup.
 	pinned bool
 	// stale inodes were restored by a migration (MigrationGuestError)
-	// without a host object: fd is -1, mnt nil, and every request on
-	// them answers ESTALE; FORGET still drops them.
+	// without a host object: no fd, mnt nil, and every request on them
+	// answers ESTALE; FORGET still drops them.
 	stale bool
 	// wait caches fileWait for the object's file system, which never
 	// changes either.
 	wait atomic.Uint32
 
-	refs atomic.Int64
+	// name is where the daemon last saw the object (held by fd only),
+	// for reopening it once evicted; nil: nameless, never evicted.
+	name atomic.Pointer[inodeName]
+	// fid is the object's AT_HANDLE_FID identity, read at its first
+	// eviction where the file system gives one.
+	fid atomic.Pointer[string]
 
 	// nlookup is the guest's lookup count, guarded by the key shard's
 	// mutex.
@@ -126,7 +133,10 @@ func (i *inode) isReg() bool     { return i.ftype == unix.S_IFREG }
 func (i *inode) isSymlink() bool { return i.ftype == unix.S_IFLNK }
 
 // tryRef takes a use reference unless the inode is already being torn down.
-func (i *inode) tryRef() bool { return tryRef(&i.refs) }
+func (i *inode) tryRef() bool {
+	_, ok := i.acquire()
+	return ok
+}
 
 // tryRef adds a reference to count unless it has dropped to zero: the
 // last put has torn the object down (or is about to).
@@ -144,13 +154,23 @@ func tryRef(count *atomic.Int64) bool {
 
 // put drops a reference; the last one closes the fds.
 func (i *inode) put() {
-	if i.refs.Add(-1) != 0 {
-		return
+	if w := i.ref.Add(^uint64(0)); wordCount(w) == 0 {
+		i.teardown(w)
 	}
+}
+
+// teardown closes what the inode holds once its last reference (final
+// word w) is gone.
+func (i *inode) teardown(w uint64) {
 	i.fs.dropLocks(i)
-	if i.fd >= 0 {
-		sysClose(i.fd)
+	if fd := wordFD(w); fd >= 0 {
+		sysClose(fd)
 		i.fs.inodeFDs.Add(-1)
+		if !i.pinned {
+			i.fs.residentFDs.Add(-1)
+		}
+	} else if i.mnt == nil && !i.stale {
+		i.fs.evictedNow.Add(-1)
 	}
 	if i.mnt != nil {
 		i.fs.releaseMount(i.mnt)
@@ -158,8 +178,8 @@ func (i *inode) put() {
 }
 
 // iref is an inode with a use reference and an O_PATH fd for it: the
-// inode's own fd, or in file handle mode one opened for this request.
-// Its fd field shadows the inode's.
+// inode's resident fd (which the reference keeps from eviction), or one
+// opened for this request (file handle mode, or reopened over budget).
 type iref struct {
 	*inode
 	fd      int
@@ -257,15 +277,21 @@ func (f *FS) node(id uint64) *inode {
 
 // pathOf takes a use reference on i and provides an O_PATH fd for it. Every
 // use of an inode's fd goes through here, so a stale inode answers ESTALE.
+// A resident fd costs the reference's compare-and-swap alone; an evicted
+// inode is reopened (budget.go).
 func (f *FS) pathOf(i *inode) (iref, syscall.Errno) {
 	if i.stale {
 		return iref{}, syscall.ESTALE
 	}
-	if !i.tryRef() {
+	fd, ok := i.acquire()
+	if !ok {
 		return iref{}, syscall.EBADF
 	}
-	if i.fd >= 0 {
-		return iref{inode: i, fd: i.fd}, 0
+	if fd >= 0 {
+		return iref{inode: i, fd: fd}, 0
+	}
+	if i.mnt == nil {
+		return f.reopenEvicted(i)
 	}
 	fd, e := sysOpenByHandle(i.mnt.fd, i.key.handle, unix.O_PATH|unix.O_CLOEXEC)
 	if e != 0 {
@@ -359,6 +385,9 @@ func (f *FS) intern(fd int, st *unix.Statx_t) (*inode, syscall.Errno) {
 	}
 	ks.add(i)
 	ks.mu.Unlock()
+	if i.mnt == nil {
+		f.fdAdded()
+	}
 	return i, 0
 }
 
@@ -394,7 +423,7 @@ func (f *FS) keyFor(fd int, st *unix.Statx_t, hb *handleBuf) (inodeKey, syscall.
 // lookup and the table's reference, in no table yet. It takes ownership of
 // fd, closing it on failure or when the inode is held by file handle.
 func (f *FS) newInode(fd int, st *unix.Statx_t, key inodeKey) (*inode, syscall.Errno) {
-	i := &inode{key: key, fd: fd, ftype: uint16(st.Mode & unix.S_IFMT), nlookup: 1, fs: f}
+	i := &inode{key: key, ftype: uint16(st.Mode & unix.S_IFMT), nlookup: 1, fs: f}
 	if key.handle != "" {
 		opath := -1
 		if i.isDir() {
@@ -402,16 +431,21 @@ func (f *FS) newInode(fd int, st *unix.Statx_t, key inodeKey) (*inode, syscall.E
 		}
 		if i.mnt = f.acquireMount(key.mntID, opath); i.mnt != nil {
 			// Held by handle: the O_PATH fd goes.
-			i.fd = -1
 			sysClose(fd)
 			f.inodeFDs.Add(-1)
+			i.ref.Store(1)
+			return i, 0
 		} else if f.opts.InodeFileHandles == FileHandlesMandatory {
 			sysClose(fd)
 			f.inodeFDs.Add(-1)
 			return nil, syscall.EOPNOTSUPP
 		}
 	}
-	i.refs.Store(1)
+	i.ref.Store(residentWord(fd) | 1)
+	f.residentFDs.Add(1)
+	if !f.fdHeld.Load() {
+		f.fdHeld.Store(true)
+	}
 	return i, 0
 }
 

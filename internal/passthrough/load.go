@@ -281,8 +281,8 @@ func (l *loader) place(k int32, i *inode, why string, e syscall.Errno) error {
 			return fmt.Errorf("migration: node %#x (%s): %s", r.ID, r.Where(), why)
 		}
 		l.f.log.Warn("passthrough: migration: inode restored stale", "node", r.ID, "location", r.Where(), "why", why)
-		i = &inode{key: inodeKey{dev: staleDev, ino: r.ID}, fd: -1, ftype: uint16(r.Type), stale: true, fs: l.f}
-		i.refs.Store(1)
+		i = &inode{key: inodeKey{dev: staleDev, ino: r.ID}, ftype: uint16(r.Type), stale: true, fs: l.f}
+		i.ref.Store(1)
 	}
 	i.id, i.nlookup = r.ID, lookups
 	l.all[k] = i
@@ -336,7 +336,7 @@ func (l *loader) stageHandle(r *migstate.Handle) error {
 			h.wait = i.fileWait(h.fd)
 		}
 	}
-	i.refs.Add(1) // the handle's reference
+	i.ref.Add(1) // the handle's reference
 	h.refs.Store(1)
 	l.st.handles = append(l.st.handles, h)
 	return nil
@@ -479,7 +479,7 @@ func (m *mountFDs) close() {
 // openMount opens rel (a mount path: "." or a state path) read-only, a
 // directory or a regular file only.
 func (f *FS) openMount(rel string) (int, string, syscall.Errno) {
-	pfd := f.root.fd
+	pfd := f.rootFD()
 	if rel != "." {
 		var e syscall.Errno
 		if pfd, e = f.openBeneath(rel); e != 0 {

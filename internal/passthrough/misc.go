@@ -92,7 +92,7 @@ func (f *FS) SyncFs(h *gofuse.InHeader) syscall.Errno {
 	defer i.put()
 	target := i
 	if !i.isDir() && !i.isReg() {
-		target = iref{inode: f.root, fd: f.root.fd}
+		target = iref{inode: f.root, fd: f.rootFD()}
 	}
 	fl := unix.O_RDONLY | unix.O_NONBLOCK
 	if target.isDir() {

@@ -104,6 +104,11 @@ type Options struct {
 	KillprivV2        bool // FUSE_HANDLE_KILLPRIV_V2
 
 	InodeFileHandles FileHandleMode
+	// InodeFDBudget bounds the O_PATH fds held by inodes that are held by
+	// fd (no file handles): past it, unused inodes lose theirs and are
+	// reopened by name when needed (budget.go). 0: half of RLIMIT_NOFILE
+	// at New; at least 16.
+	InodeFDBudget int
 
 	PosixLocks bool // POSIX locks (OFD locks per lock owner)
 	Flock      bool // flock(2) locks

@@ -26,6 +26,13 @@ func (c *cname) set(name []byte) *byte {
 	return &c[0]
 }
 
+// setString is set for a name the daemon recorded (already validated).
+func (c *cname) setString(name string) *byte {
+	n := copy(c[:nameMax], name)
+	c[n] = 0
+	return &c[0]
+}
+
 // fdName is the decimal name of an fd inside /proc/self/fd.
 type fdName [24]byte
 

@@ -33,6 +33,7 @@ type slotTable[T any, P interface {
 	shards [tableShards]tableShard
 	grow   sync.Mutex // serialises chunk creation
 	count  atomic.Int64
+	hi     atomic.Uint32 // one past the highest chunk created
 
 	nover atomic.Int64 // entries in over
 	omu   sync.RWMutex // guards over
@@ -95,6 +96,9 @@ func (t *slotTable[T, P]) slotFor(idx uint32) *slot[T] {
 		if ch = t.chunks[c].Load(); ch == nil {
 			ch = new([chunkSize]slot[T])
 			t.chunks[c].Store(ch)
+			if c >= t.hi.Load() {
+				t.hi.Store(c + 1)
+			}
 		}
 		t.grow.Unlock()
 	}
@@ -296,6 +300,18 @@ func (t *slotTable[T, P]) drain(fn func(P)) {
 	for _, p := range got {
 		fn(p)
 	}
+}
+
+// span is one past the highest slot index a chunk exists for (a clock
+// sweep's range).
+func (t *slotTable[T, P]) span() uint32 { return t.hi.Load() * chunkSize }
+
+// at returns the object in slot idx, or nil (no reference: use tryRef).
+func (t *slotTable[T, P]) at(idx uint32) P {
+	if ch := t.chunks[idx>>chunkBits].Load(); ch != nil {
+		return P(ch[idx&(chunkSize-1)].p.Load())
+	}
+	return nil
 }
 
 // len returns the number of live objects.

@@ -26,4 +26,8 @@
 //	                            every device requires packed virtqueues
 //	                            (make integration-sandbox runs the ring
 //	                            tests so: PACKED_RING_TESTS in the Makefile)
+//	GOVIRTIOFSD_INTEGRATION_SHARE=overlay-budget
+//	                            every share is an overlayfs (no nfs_export)
+//	                            served with --inode-fd-budget 16 (make
+//	                            integration-sandbox runs BUDGET_TESTS so)
 package integration

@@ -770,8 +770,13 @@ func (e *escEnv) outsideInos() map[uint64]string {
 		}
 		return nil
 	})
-	m[escLstatIno(e.t, "/")] = "/"
-	m[escLstatIno(e.t, "/etc")] = "/etc"
+	// The host's own: by inode number alone only when on the share's
+	// device (an overlayfs or tmpfs share numbers its inodes from 1 too).
+	var share, root unix.Stat_t
+	if unix.Lstat(e.d.dir, &share) == nil && unix.Lstat("/", &root) == nil && share.Dev == root.Dev {
+		m[escLstatIno(e.t, "/")] = "/"
+		m[escLstatIno(e.t, "/etc")] = "/etc"
+	}
 	return m
 }
 
@@ -1426,7 +1431,8 @@ func TestForgetAbuse(t *testing.T) {
 		t.Logf("daemon fds: %d with 50 more nodes, %d before (inodes held as handles?)", n, fds1)
 	}
 	e.batchForget(0, ^uint32(0), many, nil)
-	if n := e.d.fdCount(); n != fds1 {
+	// With an fd budget the lookups may have evicted nodes held before.
+	if n := e.d.fdCount(); n != fds1 && (shareKind != "overlay-budget" || n > fds1) {
 		t.Errorf("daemon fds: %d after forgetting 50 nodes, %d before", n, fds1)
 	}
 	// Forgetting while a file handle is open: the handle still works or

@@ -73,6 +73,9 @@ func buildAndRun(m *testing.M) (int, error) {
 	}
 	defer os.RemoveAll(tmp)
 	testTmp = tmp
+	if err := checkShareKind(); err != nil {
+		return 0, err
+	}
 	if bin := os.Getenv("GOVIRTIOFSD_INTEGRATION_BIN"); bin != "" {
 		if daemonBin, err = launch.Existing(bin); err != nil {
 			return 0, fmt.Errorf("GOVIRTIOFSD_INTEGRATION_BIN: %w", err)
@@ -158,14 +161,12 @@ func startDaemonWith(t *testing.T, spec daemonSpec, extra ...string) *daemon {
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
 	tmp := t.TempDir()
-	d := &daemon{t: t, sock: filepath.Join(sockDir, "vhost.sock"), dir: filepath.Join(tmp, "share")}
-	if spec.share != "" {
-		d.dir = spec.share
-	} else if err := os.Mkdir(d.dir, 0o755); err != nil {
-		t.Fatal(err)
+	d := &daemon{t: t, sock: filepath.Join(sockDir, "vhost.sock"), dir: spec.share}
+	if d.dir == "" {
+		d.dir = makeShare(t, tmp)
 	}
 	if c := spec.cred; c != nil && c.Uid != 0 {
-		for _, p := range []string{filepath.Dir(tmp), tmp} {
+		for _, p := range []string{filepath.Dir(tmp), tmp, filepath.Dir(d.dir)} {
 			if err := os.Chmod(p, 0o711); err != nil {
 				t.Fatal(err)
 			}
@@ -176,7 +177,7 @@ func startDaemonWith(t *testing.T, spec daemonSpec, extra ...string) *daemon {
 			}
 		}
 	}
-	args := append(append([]string{"--log-level", "debug"}, sandboxArgs()...), extra...)
+	args := append(append(append([]string{"--log-level", "debug"}, sandboxArgs()...), shareArgs()...), extra...)
 	p, err := launch.Spec{Bin: bin, Args: launch.Line{Kind: launch.Ours, Socket: d.sock, Share: d.dir, Extra: args}.Args(),
 		// Keep the race runtime's exit pause short: the daemon must be
 		// gone within exitTimeout.

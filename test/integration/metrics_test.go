@@ -95,12 +95,18 @@ func TestMetrics(t *testing.T) {
 		`govirtiofsd_queue_active{queue="1"}`:                             1,
 		`govirtiofsd_open_inodes`:                                         1 + files,
 		`govirtiofsd_open_handles`:                                        files,
+		`govirtiofsd_inodes_evicted`:                                      0,
+		`govirtiofsd_inode_reopens_total`:                                 0,
+		`govirtiofsd_inode_stale_total`:                                   0,
 		`govirtiofsd_fuse_request_duration_seconds_count{opcode="WRITE"}`: files,
 	}
 	for k, v := range want {
 		if got, ok := s[k]; !ok || got != v {
 			t.Errorf("%s = %v (present %v), want %v", k, got, ok, v)
 		}
+	}
+	if s[`govirtiofsd_inode_fds`] < 1 || s[`govirtiofsd_inode_fd_budget`] < 16 {
+		t.Errorf("inode fds %v, budget %v", s[`govirtiofsd_inode_fds`], s[`govirtiofsd_inode_fd_budget`])
 	}
 	if s[`govirtiofsd_goroutines`] < 2 {
 		t.Errorf("goroutines = %v", s[`govirtiofsd_goroutines`])
