@@ -144,14 +144,13 @@ bench: test-deps build
 # bench-scale: the scale run (test/bench RunScale; root): for each file
 # system (tmpfs, ext4 on a loop image, overlayfs without nfs_export) a share
 # of SCALE_FILES empty files, 1,000 per directory; each daemon with its
-# defaults (ours, ours with --inode-file-handles=prefer, ours with a small
-# --inode-fd-budget once it has the option, the C daemon, the Rust daemon
-# 1.13 and 1.14) LOOKUPs every directory and file, keeping each lookup,
+# defaults (ours, ours with --inode-file-handles=never, ours with an fd
+# budget of 1,024, the C daemon, the Rust daemon 1.13 and 1.14) LOOKUPs every directory and file, keeping each lookup,
 # then OPENs 10,000 files. Per daemon: the fds its processes hold, RssAnon
 # (plus its own memfd/shm) per inode, the host's slab growth per inode,
 # LOOKUPs per second and the errors by errno (EMFILE, ENFILE, ESTALE: a
 # figure, not a failure). SCALEFLAGS e.g. '-scale-fs tmpfs -rounds 1
-# -scale-depth 8 -scale-configs ours-prefer,rust-1.14'. About 3 minutes
+# -scale-depth 8 -scale-configs ours,rust-1.14'. About 3 minutes
 # with the defaults; SCALE_FILES=15000,40000,100000,1000000 for the issue's sizes.
 SCALE_FILES ?= 100000
 SCALE_ROUNDS ?= 3

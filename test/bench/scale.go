@@ -43,14 +43,16 @@ type ScaleBins struct{ Ours, Ref, Rust, Rust14 string }
 
 // ScaleConfigs are the daemons of the scale run, each with its defaults
 // but for the cache mode (never, as the side-by-side run), plus ours with
-// --inode-file-handles=prefer and with a small fd budget.
+// one O_PATH fd per inode (--inode-file-handles=never, under its default
+// fd budget) and with a small fd budget (which bounds the inodes held by
+// fd where the file system gives no handles).
 func ScaleConfigs(b ScaleBins) []ScaleConfig {
 	all := []struct {
 		bin string
 		c   ScaleConfig
 	}{
 		{b.Ours, ScaleConfig{Config: Config{Name: "ours", Ours: true}}},
-		{b.Ours, ScaleConfig{Config: Config{Name: "ours-prefer", Ours: true, Extra: []string{"--inode-file-handles=prefer"}}}},
+		{b.Ours, ScaleConfig{Config: Config{Name: "ours-never", Ours: true, Extra: []string{"--inode-file-handles=never"}}}},
 		{b.Ours, ScaleConfig{Config: Config{Name: "ours-budget", Ours: true, Extra: []string{"--inode-fd-budget=1024"}}, Needs: "--inode-fd-budget"}},
 		{b.Ref, ScaleConfig{Config: Config{Name: "ref"}}},
 		{b.Rust, ScaleConfig{Config: Config{Name: "rust-1.13", Rust: true}}},

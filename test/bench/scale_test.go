@@ -72,11 +72,11 @@ func TestScaleSmall(t *testing.T) {
 		if r.Mem[0] <= 0 || r.Nofile == 0 || r.LookupTime <= 0 {
 			t.Errorf("%s on %s: memory %d KiB, RLIMIT_NOFILE %d, time %v", r.Config, r.FS, r.Mem[0], r.Nofile, r.LookupTime)
 		}
-		byHandle := r.FS == "tmpfs" && (r.Config == "ours-prefer" || r.Config == "rust-1.14")
+		byHandle := r.FS == "tmpfs" && (r.Config == "ours" || r.Config == "ours-budget" || r.Config == "rust-1.14")
 		switch held := r.FDs[1] - r.FDs[0]; {
 		case byHandle && held > 10:
 			t.Errorf("%s on %s holds inodes by file handle, but %d more fds after the lookups", r.Config, r.FS, held)
-		case (r.Config == "ours" || r.Config == "ref") && held < files:
+		case (r.Config == "ours-never" || r.Config == "ref") && held < files:
 			t.Errorf("%s on %s holds an fd per inode, but %d more fds after %d lookups", r.Config, r.FS, held, files+1)
 		}
 	}

@@ -57,7 +57,7 @@ func main() {
 	scaleFiles := flag.String("scale-files", "100000", "with -scale: share sizes in files, comma-separated (e.g. 15000,40000,100000,1000000; one directory per 1000 files)")
 	scaleFS := flag.String("scale-fs", strings.Join(bench.ScaleFS, ","), "with -scale: file systems, comma-separated (tmpfs, ext4, overlay; dir: the scratch directory's own)")
 	scaleOpens := flag.Int("scale-opens", 10000, "with -scale: files OPENed after the lookups")
-	scaleConfigs := flag.String("scale-configs", "", "with -scale: configuration names, comma-separated (default all: ours,ours-prefer,ours-budget,ref,rust-1.13,rust-1.14; ours-budget once ours knows --inode-fd-budget)")
+	scaleConfigs := flag.String("scale-configs", "", "with -scale: configuration names, comma-separated (default all: ours,ours-never,ours-budget,ref,rust-1.13,rust-1.14; ours-budget once ours knows --inode-fd-budget)")
 	scaleDepth := flag.Int("scale-depth", 1, "with -scale: LOOKUPs in flight (walkers sharing the directories)")
 	rust14 := flag.String("rust14", "", "with -scale: the Rust virtiofsd 1.14 (.cache/peers/bin/virtiofsd-rust-1.14)")
 	flag.Parse()
