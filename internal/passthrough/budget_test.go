@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -32,23 +31,6 @@ func budgetFSWith(t *testing.T, opts Options) *testFS {
 		t.Skip("inodes held by file handle: no fd budget")
 	}
 	return tf
-}
-
-// TestAllWithFDBudget reruns the whole suite with a budget of 16, so that
-// nearly every request evicts or reopens.
-func TestAllWithFDBudget(t *testing.T) {
-	if os.Getenv("PT_FD_BUDGET") != "" || os.Getenv("PT_FILE_HANDLES") != "" {
-		t.Skip("already in a variant")
-	}
-	if testing.Short() {
-		t.Skip("short")
-	}
-	cmd := exec.Command(os.Args[0], "-test.skip=^TestAll", "-test.count=1")
-	cmd.Env = append(os.Environ(), "PT_FD_BUDGET=16")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("suite with an fd budget of 16: %v\n%s", err, out)
-	}
 }
 
 // evictUnused evicts every inode the policy allows that nothing uses, as

@@ -17,20 +17,29 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestAllWithFileHandles reruns the whole suite with
-// --inode-file-handles=prefer.
-func TestAllWithFileHandles(t *testing.T) {
-	if os.Getenv("PT_FILE_HANDLES") != "" {
-		t.Skip("already in file handle mode")
+// TestAllInVariants reruns the whole suite in each variant of the file
+// system's fd handling: inodes held by file handle
+// (--inode-file-handles=prefer), and held by fd under an fd budget of 16,
+// so that nearly every request evicts or reopens (helpers_test.go reads
+// the variables).
+func TestAllInVariants(t *testing.T) {
+	if os.Getenv("PT_FILE_HANDLES") != "" || os.Getenv("PT_FD_BUDGET") != "" {
+		t.Skip("already in a variant")
 	}
 	if testing.Short() {
 		t.Skip("short")
 	}
-	cmd := exec.Command(os.Args[0], "-test.skip=^TestAllWithFileHandles$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "PT_FILE_HANDLES=prefer")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("suite with file handles: %v\n%s", err, out)
+	for _, v := range []struct{ name, env string }{
+		{"file-handles", "PT_FILE_HANDLES=prefer"},
+		{"fd-budget-16", "PT_FD_BUDGET=16"},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.skip=^TestAllInVariants$", "-test.count=1")
+			cmd.Env = append(os.Environ(), v.env)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("suite with %s: %v\n%s", v.env, err, out)
+			}
+		})
 	}
 }
 

@@ -41,7 +41,7 @@ func TestMigrateLarge(t *testing.T) {
 		t.Skip("short: 100k inodes")
 	}
 	if os.Getenv("PT_FILE_HANDLES") != "" || os.Getenv("PT_FD_BUDGET") != "" {
-		t.Skip("once is enough") // TestAllWithFileHandles and TestAllWithFDBudget rerun the suite
+		t.Skip("once is enough") // TestAllInVariants reruns the suite
 	}
 	dirs, perDir, handles := 100, 1000, 10000
 	if raceEnabled && os.Getenv("PT_MIGRATE_LARGE") != "1" {
