@@ -55,6 +55,9 @@ func forgeHandle(t *testing.T, state []byte, from, to string) []byte {
 // anything. In whichever sandbox the run uses (namespace and chroot:
 // GOVIRTIOFSD_INTEGRATION_SANDBOX; none: the race build).
 func TestMigrationForgedHandle(t *testing.T) {
+	if shareKind == "overlay-budget" {
+		t.Skip("--migration-mode file-handles needs a share whose file system gives handles; this overlayfs gives none")
+	}
 	src := startDaemon(t, "--migration-mode", "file-handles")
 	outside := filepath.Dir(src.dir)
 	if err := os.WriteFile(filepath.Join(outside, "secret"), []byte("outside the share"), 0o600); err != nil {
