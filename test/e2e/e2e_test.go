@@ -74,7 +74,13 @@ type env struct {
 // newEnv starts a daemon of the given kind; extra arguments go to its command line.
 func newEnv(t *testing.T, kind daemonKind, k guestKernel, extra ...string) *env {
 	t.Helper()
-	e := &env{t: t, kind: kind, kernel: k, dir: artifactDir(t), shared: t.TempDir(), extra: extra}
+	return newEnvAt(t, kind, k, t.TempDir(), extra...)
+}
+
+// newEnvAt is newEnv serving the directory shared (made by the caller).
+func newEnvAt(t *testing.T, kind daemonKind, k guestKernel, shared string, extra ...string) *env {
+	t.Helper()
+	e := &env{t: t, kind: kind, kernel: k, dir: artifactDir(t), shared: shared, extra: extra}
 	if err := os.WriteFile(filepath.Join(e.shared, "hello"), []byte(helloContent), 0o644); err != nil {
 		t.Fatal(err)
 	}

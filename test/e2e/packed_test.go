@@ -281,7 +281,7 @@ func TestPackedRing(t *testing.T) {
 		timed("reboot", func(t *testing.T) { scenarioReboot(t, ourDaemon, k, packedVM) })
 		timed("posix", func(t *testing.T) {
 			requireReference(t)
-			posixSideBySide(t, k, packedVM)
+			posixSideBySide(t, k, packedVM, posixShare{})
 		})
 		timed("migrate", func(t *testing.T) {
 			scenarioMigratePacked(newMigEnv(t, migPair{"ours-ours", ourDaemon, ourDaemon}, k))

@@ -150,12 +150,26 @@ func daemonArgs(kind daemonKind) []string {
 	return []string{"--cache", "never", "--xattr"}
 }
 
-// runPosix runs posix.sh against one daemon; base sets the QEMU and the
-// ring layout (the zero value: QEMU 7.2, split rings).
-func runPosix(t *testing.T, kind daemonKind, k guestKernel, base vmConfig) *posixRun {
+// posixShare is what both daemons of a side-by-side comparison serve, and
+// how; the zero value: a fresh directory of the test's temporary
+// directory, the daemons as daemonArgs says, one run after the other.
+type posixShare struct {
+	// overlay: an overlayfs as a container's root (mountOverlay:
+	// lower, upper and work on a tmpfs, nfs_export off, so no file
+	// handles), with listing/ in its lower layer.
+	overlay bool
+	// budget: our daemon's --inode-fd-budget (0: not given), and
+	// checkBudgetLog on its log.
+	budget int
+	// parallel: the two runs boot at once (always with
+	// GOVIRTIOFSD_E2E_FULL=1).
+	parallel bool
+}
+
+// makePosixListing makes dir/listing, posixListing empty files.
+func makePosixListing(t *testing.T, dir string) {
 	t.Helper()
-	e := newEnv(t, kind, k, daemonArgs(kind)...)
-	listing := filepath.Join(e.shared, "listing")
+	listing := filepath.Join(dir, "listing")
 	if err := os.Mkdir(listing, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -165,6 +179,25 @@ func runPosix(t *testing.T, kind daemonKind, k guestKernel, base vmConfig) *posi
 			t.Fatal(err)
 		}
 		f.Close()
+	}
+}
+
+// runPosix runs posix.sh against one daemon serving share; base sets the
+// QEMU and the ring layout (the zero value: QEMU 7.2, split rings).
+func runPosix(t *testing.T, kind daemonKind, k guestKernel, base vmConfig, share posixShare) *posixRun {
+	t.Helper()
+	args := daemonArgs(kind)
+	if kind == ourDaemon && share.budget > 0 {
+		args = append(args, "--inode-fd-budget", strconv.Itoa(share.budget))
+	}
+	var e *env
+	if share.overlay {
+		merged := t.TempDir()
+		mountOverlay(t, merged, func(lower string) { makePosixListing(t, lower) })
+		e = newEnvAt(t, kind, k, merged, args...)
+	} else {
+		e = newEnv(t, kind, k, args...)
+		makePosixListing(t, e.shared)
 	}
 	start := time.Now()
 	cfg := base
@@ -373,7 +406,70 @@ func TestPosixSideBySide(t *testing.T) {
 	requireE2E(t)
 	requireReference(t)
 	for _, k := range sideBySideKernels(t) {
-		t.Run(k.Version, func(t *testing.T) { posixSideBySide(t, k, vmConfig{}) })
+		t.Run(k.Version, func(t *testing.T) { posixSideBySide(t, k, vmConfig{}, posixShare{}) })
+	}
+}
+
+// posixBudget is TestPosixSideBySideOverlayBudget's --inode-fd-budget: the
+// least the daemon takes, so that eviction and reopening run on almost
+// every request.
+const posixBudget = 16
+
+// TestPosixSideBySideOverlayBudget (issue 31) runs posix.sh side by side
+// as TestPosixSideBySide does, on an overlayfs share as a container's
+// root (lower, upper and work on a tmpfs, nfs_export off: no file
+// handles, so ours holds every inode as an fd under the default
+// --inode-file-handles) with our daemon at --inode-fd-budget 16. The
+// reference serves the same kind of share, so the comparison is like for
+// like (on overlayfs some results differ from tmpfs's). One kernel, Linux
+// 6.12 under QEMU 10; the two runs boot at once. Our daemon's log must
+// say the budget was reached, and no request may have failed with ESTALE
+// (nothing changes the share behind the guest's back). Skipped while the
+// daemon's --help has no --inode-fd-budget.
+func TestPosixSideBySideOverlayBudget(t *testing.T) {
+	requireE2E(t)
+	requireReference(t)
+	if !hasFDBudget(t) {
+		t.Skip("the daemon's --help has no --inode-fd-budget")
+	}
+	k := newestKernelAtLeast(t, 6, 12, "the side-by-side on overlayfs runs under QEMU 10, which runs Linux 6.12 guests only")
+	share := posixShare{overlay: true, budget: posixBudget, parallel: true}
+	t.Run(k.Version, func(t *testing.T) { posixSideBySide(t, k, vmConfig{QEMU: qemu10}, share) })
+}
+
+// checkBudgetLog: our daemon reached its fd budget (it says so once) and
+// never ran out of fds; no request failed with ESTALE.
+func checkBudgetLog(t *testing.T, r *posixRun, budget int) {
+	t.Helper()
+	data, err := os.ReadFile(r.env.d.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reached, outOfFDs int
+	for _, line := range strings.Split(string(data), "\n") {
+		msg := parseLogfmt(line)["msg"]
+		if strings.Contains(msg, "inode fd budget reached") {
+			reached++
+			t.Logf("daemon: %s", line)
+		}
+		if strings.Contains(msg, "out of file descriptors") {
+			outOfFDs++
+		}
+	}
+	if reached == 0 && !known(t, r.kind, "log.budget", "no \"inode fd budget reached\" line") {
+		t.Errorf("daemon log: no \"inode fd budget reached\" line: the budget of %d was never reached", budget)
+	}
+	if outOfFDs != 0 && !known(t, r.kind, "log.fds", "\"out of file descriptors\" in the log") {
+		t.Errorf("daemon log: %d \"out of file descriptors\" lines", outOfFDs)
+	}
+	estale := 0
+	for _, q := range r.env.d.fuseRequests(t) {
+		if q.Error == -int(syscall.ESTALE) {
+			estale++
+		}
+	}
+	if estale != 0 && !known(t, r.kind, "log.estale", "requests answered ESTALE") {
+		t.Errorf("daemon log: %d requests answered ESTALE (a reopen by name failed, with nothing changing the share on the host)", estale)
 	}
 }
 
@@ -384,7 +480,10 @@ func TestPosixSideBySide(t *testing.T) {
 // reference C daemon does not offer them, so QEMU gives it split rings
 // (logged): the comparison is then ours on packed rings against the
 // reference on split ones, under the same QEMU and command line.
-func posixSideBySide(t *testing.T, k guestKernel, base vmConfig) {
+//
+// share says what both daemons serve (and with share.budget, ours's
+// log also gets checkBudgetLog).
+func posixSideBySide(t *testing.T, k guestKernel, base vmConfig, share posixShare) {
 	var ref, ours *posixRun
 	// With GOVIRTIOFSD_E2E_FULL=1 (10,000 guest-made files: ~3 min a
 	// run) both runs boot at the same time; the guests wait on FUSE
@@ -392,18 +491,18 @@ func posixSideBySide(t *testing.T, k guestKernel, base vmConfig) {
 	// time, at the price of noisier timings.
 	t.Run("runs", func(t *testing.T) {
 		t.Run("reference", func(t *testing.T) {
-			if fullE2E() {
+			if fullE2E() || share.parallel {
 				t.Parallel()
 			}
-			ref = runPosix(t, refDaemon, k, base)
+			ref = runPosix(t, refDaemon, k, base, share)
 			checkGuest(t, ref)
 			checkHost(t, ref)
 		})
 		t.Run("govirtiofsd", func(t *testing.T) {
-			if fullE2E() {
+			if fullE2E() || share.parallel {
 				t.Parallel()
 			}
-			r := runPosix(t, ourDaemon, k, base)
+			r := runPosix(t, ourDaemon, k, base, share)
 			if base.Packed {
 				requirePacked(t, r.vm.consoleLines(), 1)
 			}
@@ -411,6 +510,9 @@ func posixSideBySide(t *testing.T, k guestKernel, base vmConfig) {
 			checkGuest(t, ours)
 			checkHost(t, ours)
 			checkDaemonLog(t, ours)
+			if share.budget > 0 {
+				checkBudgetLog(t, ours, share.budget)
+			}
 		})
 	})
 	if ref == nil || ours == nil {

@@ -87,13 +87,20 @@ func walkShareOverlay(t *testing.T, files int) string {
 // hold its inodes as file handles.
 func mountWalkOverlay(t *testing.T, mnt string, files int) {
 	t.Helper()
+	mountOverlay(t, mnt, func(lower string) { makeWalkTree(t, lower, files) })
+}
+
+// mountOverlay mounts on mnt an overlayfs as mountWalkOverlay does, with
+// the lower layer (the image) made by fill before the mount.
+func mountOverlay(t *testing.T, mnt string, fill func(lower string)) {
+	t.Helper()
 	base := mountTmpfs(t)
 	for _, d := range []string{"lower", "upper", "work"} {
 		if err := os.Mkdir(filepath.Join(base, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	makeWalkTree(t, filepath.Join(base, "lower"), files)
+	fill(filepath.Join(base, "lower"))
 	opts := fmt.Sprintf("lowerdir=%s/lower,upperdir=%s/upper,workdir=%s/work,nfs_export=off", base, base, base)
 	if err := unix.Mount("overlay", mnt, "overlay", 0, opts); err != nil {
 		t.Fatalf("mount overlay %s on %s: %v", opts, mnt, err)
