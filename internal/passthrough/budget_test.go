@@ -2,7 +2,6 @@ package passthrough
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"log/slog"
 	"os"
@@ -577,39 +576,11 @@ func BenchmarkGetAttrBudget(b *testing.B) {
 	}
 }
 
-// logRecorder keeps the messages of a file system's log.
-type logRecorder struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return l }
-func (l *logRecorder) WithGroup(string) slog.Handler            { return l }
-func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
-	l.mu.Lock()
-	l.msgs = append(l.msgs, r.Message)
-	l.mu.Unlock()
-	return nil
-}
-
-func (l *logRecorder) count(substr string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, m := range l.msgs {
-		if strings.Contains(m, substr) {
-			n++
-		}
-	}
-	return n
-}
-
 // TestBudgetLogsOnce: reaching the budget, and running out of fds, are
 // each logged once, saying what to do.
 func TestBudgetLogsOnce(t *testing.T) {
 	dir := t.TempDir()
-	rec := &logRecorder{}
+	rec := &countingLog{}
 	f, err := New(dir, Options{InodeFDBudget: fdBudgetMin}, slog.New(rec))
 	if err != nil {
 		t.Fatal(err)

@@ -1,15 +1,12 @@
 package passthrough
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"syscall"
 	"testing"
 
@@ -86,34 +83,6 @@ func TestFileHandleMode(t *testing.T) {
 	if s := tf.Stats(); s.Inodes != 0 || s.InodeFDs != tf.baseFDs {
 		t.Fatalf("after forget %+v", s)
 	}
-}
-
-// countingLog counts the records logged whose message contains a string.
-type countingLog struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (c *countingLog) Enabled(context.Context, slog.Level) bool { return true }
-func (c *countingLog) Handle(_ context.Context, r slog.Record) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.msgs = append(c.msgs, r.Message)
-	return nil
-}
-func (c *countingLog) WithAttrs([]slog.Attr) slog.Handler { return c }
-func (c *countingLog) WithGroup(string) slog.Handler      { return c }
-
-func (c *countingLog) count(s string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, m := range c.msgs {
-		if strings.Contains(m, s) {
-			n++
-		}
-	}
-	return n
 }
 
 // mountOverlay mounts an overlayfs without nfs_export at dir (whose file

@@ -1,10 +1,13 @@
 package passthrough
 
 import (
+	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -222,4 +225,32 @@ func statHost(t *testing.T, p string) unix.Stat_t {
 		t.Fatal(err)
 	}
 	return st
+}
+
+// countingLog counts the records logged whose message contains a string.
+type countingLog struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (c *countingLog) Enabled(context.Context, slog.Level) bool { return true }
+func (c *countingLog) Handle(_ context.Context, r slog.Record) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.msgs = append(c.msgs, r.Message)
+	return nil
+}
+func (c *countingLog) WithAttrs([]slog.Attr) slog.Handler { return c }
+func (c *countingLog) WithGroup(string) slog.Handler      { return c }
+
+func (c *countingLog) count(s string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, m := range c.msgs {
+		if strings.Contains(m, s) {
+			n++
+		}
+	}
+	return n
 }
