@@ -40,16 +40,7 @@ func BenchmarkPipeline(b *testing.B) {
 
 func benchPipeline(b *testing.B, w Workload, rings int) {
 	o := &SuiteOptions{Dir: b.TempDir(), FileSize: 64 << 20, Depth: 16, QueueSize: 1024}
-	cleanup, err := prepareShare(o)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cleanup()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	fsys, err := passthrough.New(o.Share, passthrough.Options{Cache: passthrough.CacheNever}, log)
-	if err != nil {
-		b.Fatal(err)
-	}
+	fsys, log := benchFileSystem(b, o)
 	srv := fuse.NewServer(fsys, fuse.ServerOptions{}, log)
 	backend, err := vhostuser.NewBackend(vhostuser.Config{RequestQueues: rings, Tag: "bench", Logger: log,
 		Workers: max(pipelineCPUs-1, 1), RingsWatched: reservePipelineProcs,
@@ -102,4 +93,21 @@ func reservePipelineProcs(n int) {
 	if p := pipelineCPUs + n; p > runtime.GOMAXPROCS(0) {
 		runtime.GOMAXPROCS(p)
 	}
+}
+
+// benchFileSystem prepares o's share (removed when b ends) and returns the
+// passthrough file system serving it with cache=never, as the side-by-side
+// run's daemons, and its discarding logger.
+func benchFileSystem(b *testing.B, o *SuiteOptions) (*passthrough.FS, *slog.Logger) {
+	cleanup, err := prepareShare(o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(cleanup)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	fsys, err := passthrough.New(o.Share, passthrough.Options{Cache: passthrough.CacheNever}, log)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return fsys, log
 }

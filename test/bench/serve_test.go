@@ -2,13 +2,10 @@ package bench
 
 import (
 	"encoding/binary"
-	"io"
-	"log/slog"
 	"testing"
 
 	"github.com/govirtiofsd/govirtiofsd/internal/bufvec"
 	"github.com/govirtiofsd/govirtiofsd/internal/fuse"
-	"github.com/govirtiofsd/govirtiofsd/internal/passthrough"
 )
 
 // BenchmarkServeMeta runs the metadata cycle of the meta workload (CREATE,
@@ -18,17 +15,7 @@ import (
 // number of operations (-benchtime 20000x), which an instruction count
 // (callgrind) compares between two builds whatever the machine's load.
 func BenchmarkServeMeta(b *testing.B) {
-	o := &SuiteOptions{Dir: b.TempDir(), FileSize: 1 << 20}
-	cleanup, err := prepareShare(o)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cleanup()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	fsys, err := passthrough.New(o.Share, passthrough.Options{Cache: passthrough.CacheNever}, log)
-	if err != nil {
-		b.Fatal(err)
-	}
+	fsys, log := benchFileSystem(b, &SuiteOptions{Dir: b.TempDir(), FileSize: 1 << 20})
 	q := fuse.NewServer(fsys, fuse.ServerOptions{}, log).Queue(1)
 	c := &serveClient{q: q, in: bufvec.NewVec(1), out: bufvec.NewVec(1), reply: make([]byte, 4096)}
 	init := make([]byte, 64)
