@@ -107,6 +107,7 @@ type ScaleRun struct {
 	Lookups      int    // LOOKUPs sent
 	Found        int    // answered with an entry
 	LookupTime   time.Duration
+	LookupCPU    time.Duration // the daemon's user+system time over the LOOKUPs
 	LookupErrors map[syscall.Errno]int
 	Opened       int
 	OpenErrors   map[syscall.Errno]int
@@ -127,6 +128,13 @@ func (r *ScaleRun) SlabPerInode() float64 {
 
 // LookupRate is LOOKUPs answered (entry or error) per second.
 func (r *ScaleRun) LookupRate() float64 { return float64(r.Lookups) / r.LookupTime.Seconds() }
+
+// LookupCost is the daemon's CPU time per LOOKUP in microseconds: on a
+// shared machine a steadier figure than the rate, which other load and
+// the front end's own round trip also set.
+func (r *ScaleRun) LookupCost() float64 {
+	return r.LookupCPU.Seconds() * 1e6 / float64(max(r.Lookups, 1))
+}
 
 // RunScale runs every configuration on every file system and share size,
 // prints a table per share and returns the runs.
@@ -203,7 +211,9 @@ func (o *ScaleOptions) runScale(c ScaleConfig, share *scaleShare) ScaleRun {
 	r.Nofile = nofileLimit(d.Pids())
 	r.FDs[0], r.Mem[0], r.Slab[0] = countFDs(d.Pids()), ownMemory(d.Pids()), slabKiB()
 
+	cpu0 := d.CPU()
 	files, err := r.walk(s, share, o.Depth)
+	r.LookupCPU = d.CPU() - cpu0
 	if err != nil {
 		r.Err = fmt.Errorf("%w (log: %s)", err, d.Tail(20))
 		return r
@@ -299,9 +309,9 @@ func (r *ScaleRun) line() string {
 	if r.Err != nil {
 		return fmt.Sprintf("%-12s %-8s %8d files: ERROR %v", r.Config, r.FS, r.Files, r.Err)
 	}
-	return fmt.Sprintf("%-12s %-8s %8d files: nofile %d, fds %d/%d/%d, %.0f B/inode, slab %.0f B/inode, %.0f lookups/s, errors %s, opens %d (%s)",
+	return fmt.Sprintf("%-12s %-8s %8d files: nofile %d, fds %d/%d/%d, %.0f B/inode, slab %.0f B/inode, %.0f lookups/s, %.1f µs CPU/lookup, errors %s, opens %d (%s)",
 		r.Config, r.FS, r.Files, r.Nofile, r.FDs[0], r.FDs[1], r.FDs[2], r.BytesPerInode(), r.SlabPerInode(),
-		r.LookupRate(), fmtErrnos(r.LookupErrors), r.Opened, fmtErrnos(r.OpenErrors))
+		r.LookupRate(), r.LookupCost(), fmtErrnos(r.LookupErrors), r.Opened, fmtErrnos(r.OpenErrors))
 }
 
 // fmtErrnos is "EMFILE 80061, ENFILE 2", or "-".

@@ -109,15 +109,16 @@ func slabKiB() int {
 }
 
 // printScale prints one share's table: per configuration, the median over
-// its successful rounds of each figure (the time is the worst round's
+// its successful rounds of each figure (µs CPU: the daemon's CPU time per
+// LOOKUP) (the time is the worst round's
 // LOOKUPs at the median rate), and the inodes found and errors of its
 // worst round. A directory whose LOOKUP failed is not walked: its
 // files count as not found, not as errors.
 func printScale(out io.Writer, share *scaleShare, configs []ScaleConfig, runs []ScaleRun, opens int) {
 	fmt.Fprintf(out, "\nscale: %s, %d inodes (%d files in %d directories), LOOKUP of each kept, then OPEN of %d files; medians of %d run(s) per daemon\n",
 		share.FS, share.inodes(), share.Files, share.Dirs, opens, len(runs)/max(len(configs), 1))
-	fmt.Fprintf(out, "%-12s %7s %8s %8s %8s %8s %9s %9s %10s %8s  %-28s %s\n",
-		"daemon", "nofile", "found", "fds:mnt", "lookups", "+opens", "B/inode", "slab B/i", "lookups/s", "time", "LOOKUP errors", "OPEN errors")
+	fmt.Fprintf(out, "%-12s %7s %8s %8s %8s %8s %9s %9s %10s %8s %8s  %-28s %s\n",
+		"daemon", "nofile", "found", "fds:mnt", "lookups", "+opens", "B/inode", "slab B/i", "lookups/s", "µs CPU", "time", "LOOKUP errors", "OPEN errors")
 	for _, c := range configs {
 		var ok []ScaleRun
 		var failed []string
@@ -149,11 +150,11 @@ func printScale(out io.Writer, share *scaleShare, configs []ScaleConfig, runs []
 				worst = &ok[i]
 			}
 		}
-		fmt.Fprintf(out, "%-12s %7d %8d %8.0f %8.0f %8.0f %9.0f %9.0f %10.0f %7.2fs  %-28s %s\n", c.Name, worst.Nofile, worst.Found,
+		fmt.Fprintf(out, "%-12s %7d %8d %8.0f %8.0f %8.0f %9.0f %9.0f %10.0f %8.1f %7.2fs  %-28s %s\n", c.Name, worst.Nofile, worst.Found,
 			med(func(r *ScaleRun) float64 { return float64(r.FDs[0]) }),
 			med(func(r *ScaleRun) float64 { return float64(r.FDs[1]) }),
 			med(func(r *ScaleRun) float64 { return float64(r.FDs[2]) }),
-			med((*ScaleRun).BytesPerInode), med((*ScaleRun).SlabPerInode), med((*ScaleRun).LookupRate),
+			med((*ScaleRun).BytesPerInode), med((*ScaleRun).SlabPerInode), med((*ScaleRun).LookupRate), med((*ScaleRun).LookupCost),
 			float64(worst.Lookups)/med((*ScaleRun).LookupRate),
 			fmtErrnos(worst.LookupErrors), fmtErrnos(worst.OpenErrors))
 		if len(failed) > 0 {
