@@ -16,9 +16,10 @@ import (
 // daemon knows of it, its parent and its name. Below the budget nothing is
 // evicted and nothing is reopened: the daemon behaves as without one.
 //
-// Policy. Never evicted: the root; an inode with an open handle or any
-// other use reference beyond the table's (a request under way, a
-// migration); a nameless inode (its only recorded name was removed by the
+// Policy. Never evicted: the root; an inode with a use reference beyond
+// the table's and its open handles' (a request under way, a migration):
+// an open file's requests use the handle's own fd, so its inode's O_PATH
+// fd may go, or every open file would hold two fds; a nameless inode (its only recorded name was removed by the
 // guest, an O_TMPFILE, or one reached by ".."), which could not be found
 // again; a stale one. Everything else may be evicted, directories on the
 // way to cached inodes included: a reopen walks down from the nearest
@@ -180,6 +181,17 @@ func (f *FS) evictSome() {
 	}
 	batch := max(f.budget/16, 1)
 	target := f.budget - batch
+	if r := f.sweepTo(target); r > target {
+		f.sweepAgainAt.Store(r + batch)
+	} else {
+		f.sweepAgainAt.Store(0)
+	}
+}
+
+// sweepTo runs the clock until the resident fds are down to target or
+// every inode was passed twice, and returns the resident fds left. The
+// caller holds evictMu.
+func (f *FS) sweepTo(target int64) int64 {
 	span := f.nodes.span()
 	for n := uint32(0); n < 2*span && f.residentFDs.Load() > target; n++ {
 		if f.hand >= span {
@@ -191,11 +203,50 @@ func (f *FS) evictSome() {
 			f.tryEvict(i)
 		}
 	}
-	if r := f.residentFDs.Load(); r > target {
-		f.sweepAgainAt.Store(r + batch)
-	} else {
-		f.sweepAgainAt.Store(0)
+	return f.residentFDs.Load()
+}
+
+// outOfFDs is what an open that failed with e does before it answers: for
+// want of fds (EMFILE, ENFILE: the open files, lock owners and the rest
+// have taken the other half of RLIMIT_NOFILE, or the host's file table is
+// full) it sheds inode fds and reports whether one more try is worth it;
+// the caller logs (warnFDLimit) if that one fails too. wait: the caller
+// holds no namesMu, so shedFDs may wait for the naming pass.
+func (f *FS) outOfFDs(e syscall.Errno, wait bool) bool {
+	if e != syscall.EMFILE && e != syscall.ENFILE {
+		return false
 	}
+	if f.shedFDs(wait) {
+		return true
+	}
+	f.warnFDLimit(e)
+	return false
+}
+
+// shedFDs evicts a batch (a sixteenth of the budget) of resident inode
+// fds, under the budget or not, and reports whether it freed any. Names
+// are needed for that: if the budget was never reached it starts their
+// tracking, and with wait it waits for the naming pass (about 8 µs per
+// inode held); a caller holding namesMu must not (the pass takes it) and
+// sheds nothing until the pass is done.
+func (f *FS) shedFDs(wait bool) bool {
+	if !f.mayTrack() {
+		return false
+	}
+	if f.track.Load() != tracked {
+		f.startTracking()
+		if !wait {
+			return false
+		}
+		f.naming.Wait()
+		if f.track.Load() != tracked {
+			return false // the file system is closing
+		}
+	}
+	f.evictMu.Lock()
+	defer f.evictMu.Unlock()
+	r := f.residentFDs.Load()
+	return f.sweepTo(r-max(f.budget/16, 1)) < r
 }
 
 // tryEvict closes i's resident fd if policy allows it and nothing uses it;
@@ -204,8 +255,14 @@ func (f *FS) tryEvict(i *inode) {
 	if i.pinned || i.stale || i.mnt != nil || i.name.Load() == nil {
 		return
 	}
+	// The word first, then the handles: a handle counts itself after
+	// taking its reference and uncounts itself before dropping it, so a
+	// count of the table's reference plus the handles read after the
+	// word, in a word unchanged until the compare-and-swap, leaves no
+	// request using the fd.
 	w := i.ref.Load()
-	if wordFD(w) < 0 || wordCount(w) != 1 {
+	idle := 1 + uint64(max(i.handles.Load(), 0))
+	if wordFD(w) < 0 || wordCount(w) != idle {
 		return
 	}
 	if w&refUsed != 0 {
@@ -213,8 +270,8 @@ func (f *FS) tryEvict(i *inode) {
 		return
 	}
 	// A reference of the sweep's own keeps the fd open while its FID is
-	// read; the eviction then needs the count to be exactly the table's
-	// and the sweep's.
+	// read; the eviction then needs the count to be exactly the table's,
+	// the handles' and the sweep's.
 	if !i.ref.CompareAndSwap(w, w+1) {
 		return
 	}
@@ -329,7 +386,11 @@ func (f *FS) reach(x *inode, depth int) (int, syscall.Errno) {
 		return -1, errno
 	}
 	var cn cname
-	fd, errno := f.openChild(dir.fd, cn.setString(nm.name))
+	p := cn.setString(nm.name)
+	fd, errno := f.openChildOnce(dir.fd, p)
+	if errno != 0 && f.outOfFDs(errno, false) {
+		fd, errno = f.openChildOnce(dir.fd, p)
+	}
 	dir.release()
 	switch errno {
 	case 0:

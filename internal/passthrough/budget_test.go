@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -610,32 +611,78 @@ func TestBudgetLogsOnce(t *testing.T) {
 	}
 }
 
-// TestBudgetFullOfHandles: open files alone fill the budget. Nothing can
-// be evicted, a sweep says so once and is not retried per request, and
-// every request still works.
-func TestBudgetFullOfHandles(t *testing.T) {
+// TestBudgetOpenFilesEvicted: the inodes of open files are evicted like
+// any other (their requests use the handle's fd): open files more than
+// the budget leave the inode fds within it, and each file still reads
+// through its handle and answers GETATTR (reopened by name).
+func TestBudgetOpenFilesEvicted(t *testing.T) {
 	tf := budgetFS(t)
 	mkTree(t, tf, 1, 40)
 	d := tf.lookup(rootID, "d0").NodeId
-	var open []uint64
+	var nodes, fhs []uint64
+	for n := range 40 {
+		e := tf.lookup(d, fmt.Sprint("f", n))
+		nodes = append(nodes, e.NodeId)
+		fhs = append(fhs, tf.open(e.NodeId, unix.O_RDONLY))
+	}
+	tf.evictUnused()
+	if r := tf.residentFDs.Load(); r > tf.budget {
+		t.Fatalf("%d resident inode fds with 40 files open, budget %d", r, tf.budget)
+	}
+	evicted := 0
+	for n, node := range nodes {
+		if !tf.resident(node) {
+			evicted++
+		}
+		if got := string(tf.read(node, fhs[n], 0, 8)); got != fmt.Sprint(0, n) {
+			t.Fatalf("f%d reads %q", n, got)
+		}
+		if a := tf.getattr(node); a.Size != uint64(len(fmt.Sprint(0, n))) {
+			t.Fatalf("f%d: size %d", n, a.Size)
+		}
+		tf.release(node, fhs[n])
+	}
+	if evicted == 0 {
+		t.Fatal("no inode of an open file was evicted")
+	}
+}
+
+// TestBudgetFullOfNameless: inodes that cannot be evicted (nameless: the
+// guest unlinked them while it holds them) fill the budget. A sweep says
+// so once and is not retried per request, and every request still works.
+func TestBudgetFullOfNameless(t *testing.T) {
+	tf := budgetFS(t)
+	mkTree(t, tf, 1, 60)
+	d := tf.lookup(rootID, "d0").NodeId
+	for n := 40; n < 60; n++ {
+		tf.lookup(d, fmt.Sprint("f", n)) // the budget is reached: tracked
+	}
+	if !tf.isTracking() {
+		t.Fatal("not tracked at the budget")
+	}
+	var held []uint64
 	for n := range 24 {
 		e := tf.lookup(d, fmt.Sprint("f", n))
-		tf.open(e.NodeId, unix.O_RDONLY)
-		open = append(open, e.NodeId)
+		if errno := tf.Unlink(hdr(d), []byte(fmt.Sprint("f", n))); errno != 0 {
+			t.Fatal(errno)
+		}
+		held = append(held, e.NodeId)
 	}
+	tf.lookup(d, "f24")
 	if tf.sweepAgainAt.Load() == 0 {
 		t.Fatal("a futile sweep is retried at once")
 	}
-	for n := 24; n < 40; n++ {
+	for n := 25; n < 40; n++ {
 		e := tf.lookup(d, fmt.Sprint("f", n))
 		if a := tf.getattr(e.NodeId); a.Ino != e.Attr.Ino {
 			t.Fatalf("f%d: ino %d, want %d", n, a.Ino, e.Attr.Ino)
 		}
 	}
-	for _, node := range open {
+	for _, node := range held {
 		if !tf.resident(node) {
-			t.Fatalf("node %#x with an open handle was evicted", node)
+			t.Fatalf("nameless node %#x was evicted", node)
 		}
+		tf.getattr(node)
 	}
 }
 
@@ -722,4 +769,79 @@ func TestBudgetNamingInBackground(t *testing.T) {
 			t.Fatalf("node %#x: ino %d, want %d", e.NodeId, a.Ino, e.Attr.Ino)
 		}
 	}
+}
+
+// An open that finds every fd taken (EMFILE) sheds inode fds and tries
+// again, so the guest does not see EMFILE while unused inodes hold fds:
+// a share of more files than the budget, all looked up, then more of
+// them opened than RLIMIT_NOFILE leaves beside the budget. It runs in a
+// child process, whose RLIMIT_NOFILE it lowers.
+func TestOpenShedsInodeFDs(t *testing.T) {
+	if os.Getenv("PT_FILE_HANDLES") != "" || os.Getenv("PT_FD_BUDGET") != "" {
+		t.Skip("the variants' own settings")
+	}
+	const limit, files, opens = 256, 300, 140
+	if os.Getenv("PT_SHED_CHILD") == "" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestOpenShedsInodeFDs$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "PT_SHED_CHILD=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !bytes.Contains(out, []byte("--- PASS: TestOpenShedsInodeFDs")) {
+			t.Fatalf("child: %v\n%s", err, out)
+		}
+		return
+	}
+	var rl unix.Rlimit
+	unix.Getrlimit(unix.RLIMIT_NOFILE, &rl)
+	rl.Cur = limit
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		t.Fatal(err)
+	}
+	log := &countingLog{}
+	base := t.TempDir()
+	dir := filepath.Join(base, "share")
+	os.Mkdir(dir, 0o755)
+	for n := range files {
+		must(t, os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%d", n)), nil, 0o644))
+	}
+	must(t, os.WriteFile(filepath.Join(dir, "new"), nil, 0o644))
+	f, err := New(dir, Options{InodeFileHandles: FileHandlesNever}, slog.New(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	f.Init(f.Capabilities())
+	tf := &testFS{FS: f, t: t, dir: dir, base: base}
+	if b := tf.budget; b != limit/2 {
+		t.Fatalf("budget %d, want %d", b, limit/2)
+	}
+	var nodes []uint64
+	for n := range files {
+		nodes = append(nodes, tf.lookup(rootID, fmt.Sprintf("f%d", n)).NodeId)
+	}
+	tf.naming.Wait()
+	// Without shedding: the budget's fds, the process's own and the
+	// opens do not fit in the limit.
+	if own := countFDs(t); tf.budget*15/16+opens+own <= limit {
+		t.Fatalf("the test does not run out of fds: budget %d, %d opens, %d fds of the process's own", tf.budget, opens, own)
+	}
+	for k, node := range nodes[:opens] {
+		var out gofuse.OpenOut
+		if errno := tf.Open(&gofuse.OpenIn{InHeader: *hdr(node), Flags: unix.O_RDONLY}, &out); errno != 0 {
+			t.Fatalf("open %d of %d: %v (inode fds %d, handle fds %d)", k+1, opens, errno, tf.Stats().InodeFDs, tf.Stats().HandleFDs)
+		}
+	}
+	if n := log.count("out of file descriptors"); n != 0 {
+		t.Fatalf("%d warnings of fds run out: %q", n, log.msgs)
+	}
+	// And a LOOKUP of a name not looked up yet still finds an fd.
+	tf.lookup(rootID, "new")
+}
+
+// countFDs is the fds the test process holds.
+func countFDs(t *testing.T) int64 {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int64(len(ents))
 }

@@ -218,6 +218,7 @@ func (f *FS) openOut(i iref, fd int, kind handleKind, flags int, out *gofuse.Ope
 // reference on i.
 func (f *FS) newHandle(i *inode, fd int, kind handleKind, flags int) (*handle, syscall.Errno) {
 	h := &handle{fd: fd, ino: i, kind: kind, flags: flags, wait: bufvec.MayWait}
+	i.handles.Add(1)
 	if kind == handleDir {
 		h.dir = &dirStream{}
 	} else {

@@ -101,6 +101,7 @@ type FS struct {
 
 	// The fd budget (budget.go).
 	budget        int64
+	dirs          dirCache     // fds of directories held by handle (dircache.go)
 	residentFDs   atomic.Int64 // resident fds of fd-held inodes, the root's aside
 	evictedNow    atomic.Int64 // fd-held inodes without a resident fd
 	reopens       atomic.Uint64
@@ -138,6 +139,7 @@ func New(root string, opts Options, log *slog.Logger) (*FS, error) {
 		return nil, fmt.Errorf("migration path confirmation and handle verification apply to find-paths mode only")
 	}
 	f := &FS{opts: opts, log: log, procSelfFD: -1, budget: fdBudget(&opts)}
+	f.dirs.slots = make([]*inode, 0, dirCacheSize(f.budget))
 	xm, err := parseXattrMap(opts.XattrMap)
 	if err != nil {
 		return nil, err

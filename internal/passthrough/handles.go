@@ -82,11 +82,18 @@ func (b *handleBuf) encode(fd int) syscall.Errno {
 // encodeAt is name_to_handle_at(fd, "", AT_EMPTY_PATH|flags) into b; it
 // returns the mount id the kernel reports with the handle.
 func (b *handleBuf) encodeAt(fd, flags int) (int32, syscall.Errno) {
+	return b.encodeName(fd, &emptyPath[0], unix.AT_EMPTY_PATH|flags)
+}
+
+// encodeName is name_to_handle_at(dirfd, path, flags) into b (without
+// AT_SYMLINK_FOLLOW a trailing symlink is not followed); it returns the
+// mount id the kernel reports with the handle.
+func (b *handleBuf) encodeName(dirfd int, path *byte, flags int) (int32, syscall.Errno) {
 	var mnt int32
 	for {
 		b.size = maxHandleSize
-		_, _, e := unix.Syscall6(unix.SYS_NAME_TO_HANDLE_AT, uintptr(fd), uintptr(unsafe.Pointer(&emptyPath[0])),
-			uintptr(unsafe.Pointer(b)), uintptr(unsafe.Pointer(&mnt)), uintptr(unix.AT_EMPTY_PATH|flags), 0)
+		_, _, e := unix.Syscall6(unix.SYS_NAME_TO_HANDLE_AT, uintptr(dirfd), uintptr(unsafe.Pointer(path)),
+			uintptr(unsafe.Pointer(b)), uintptr(unsafe.Pointer(&mnt)), uintptr(flags), 0)
 		if e == unix.EINTR {
 			continue
 		}

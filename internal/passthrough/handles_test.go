@@ -52,9 +52,10 @@ func TestFileHandleMode(t *testing.T) {
 	for _, n := range []string{"f", "d"} {
 		nodes = append(nodes, tf.lookup(rootID, n).NodeId)
 	}
-	// Inodes pin no fds beyond the shared mount fd.
-	if s := tf.Stats(); s.Inodes != 2 || s.InodeFDs > before+1 {
-		t.Fatalf("stats %+v (before %d)", s, before)
+	// Inodes pin no fds beyond the shared mount fd and the directory
+	// fd cache's (dircache.go).
+	if s := tf.Stats(); s.Inodes != 2 || s.InodeFDs > before+1+int(tf.dirs.fds.Load()) || tf.dirs.fds.Load() > 1 {
+		t.Fatalf("stats %+v (before %d, directories cached %d)", s, before, tf.dirs.fds.Load())
 	}
 	fh := tf.open(nodes[0], unix.O_RDONLY)
 	if got := tf.read(nodes[0], fh, 0, 3); string(got) != "abc" {
@@ -141,9 +142,10 @@ func TestFileHandlesPerMount(t *testing.T) {
 	tf.lookup(rootID, "f")
 	tmp := tf.lookup(rootID, "tmp").NodeId
 	tf.lookup(tmp, "x")
-	// tmp's mount fd is the only new fd.
-	if n := fds(); n != before+1 {
-		t.Fatalf("inode fds after lookups on handle mounts: %d, want %d", n, before+1)
+	// tmp's mount fd is the only new fd, but for tmp's own, which the
+	// directory cache keeps (dircache.go).
+	if n := fds(); n != before+2 || tf.dirs.fds.Load() != 1 {
+		t.Fatalf("inode fds after lookups on handle mounts: %d, want %d; directories cached %d, want 1", n, before+2, tf.dirs.fds.Load())
 	}
 	ovl := tf.lookup(rootID, "ovl").NodeId
 	for round := 0; round < 2; round++ {
@@ -152,8 +154,8 @@ func TestFileHandlesPerMount(t *testing.T) {
 		}
 	}
 	// The overlay's directory and its three files: one fd each.
-	if n := fds(); n != before+1+4 {
-		t.Fatalf("inode fds after lookups on the overlay: %d, want %d", n, before+5)
+	if n := fds(); n != before+2+4 {
+		t.Fatalf("inode fds after lookups on the overlay: %d, want %d", n, before+6)
 	}
 	if n := log.count("no inode file handles on this mount"); n != 1 {
 		t.Fatalf("%d log lines for the overlay mount, want 1: %q", n, log.msgs)
@@ -212,9 +214,10 @@ func TestFileHandlesShareWithout(t *testing.T) {
 	tf.lookup(rootID, "a")
 	sub := tf.lookup(rootID, "sub").NodeId
 	tf.lookup(sub, "x")
-	// a's fd, and sub's mount fd.
-	if n := f.Stats().InodeFDs; n != before+2 {
-		t.Fatalf("inode fds %d, want %d", n, before+2)
+	// a's fd, sub's mount fd and sub's own, which the directory cache
+	// keeps (dircache.go).
+	if n := f.Stats().InodeFDs; n != before+3 || f.dirs.fds.Load() != 1 {
+		t.Fatalf("inode fds %d, want %d; directories cached %d, want 1", n, before+3, f.dirs.fds.Load())
 	}
 	if n := log.count("no inode file handles on this mount"); n != 1 {
 		t.Fatalf("%d log lines, want 1: %q", n, log.msgs)

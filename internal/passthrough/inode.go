@@ -68,6 +68,12 @@ type inode struct {
 	// wait caches fileWait for the object's file system, which never
 	// changes either.
 	wait atomic.Uint32
+	// handles counts the open handles on the inode, each holding a use
+	// reference that never touches the inode's fd: the budget's sweep
+	// may evict an inode whose references are the table's and these
+	// (tryEvict). A handle adds to it after taking its reference and
+	// takes from it before dropping it.
+	handles atomic.Int32
 
 	// name is where the daemon last saw the object (held by fd only),
 	// for reopening it once evicted; nil: nameless, never evicted.
@@ -166,7 +172,11 @@ func (i *inode) teardown(w uint64) {
 	if fd := wordFD(w); fd >= 0 {
 		sysClose(fd)
 		i.fs.inodeFDs.Add(-1)
-		if !i.pinned {
+		switch {
+		case i.pinned:
+		case i.mnt != nil: // a directory's cached fd (dircache.go)
+			i.fs.dirs.fds.Add(-1)
+		default:
 			i.fs.residentFDs.Add(-1)
 		}
 	} else if i.mnt == nil && !i.stale {
@@ -243,6 +253,7 @@ func (h *handle) put() {
 		sysClose(h.fd)
 		h.ino.fs.handleFDs.Add(-1)
 	}
+	h.ino.handles.Add(-1)
 	h.ino.put()
 }
 
@@ -298,7 +309,11 @@ func (f *FS) pathOf(i *inode) (iref, syscall.Errno) {
 		i.put()
 		return iref{}, e // ESTALE once the object is gone
 	}
-	return iref{inode: i, fd: fd, ownedFD: true}, 0
+	owned := true
+	if i.isDir() {
+		fd, owned = f.cacheDirFD(i, fd)
+	}
+	return iref{inode: i, fd: fd, ownedFD: owned}, 0
 }
 
 // getDir is getInode for ids that must be directories.
@@ -348,12 +363,12 @@ func (f *FS) handleOf(fh uint64, i *inode) (*handle, syscall.Errno) {
 	return h, 0
 }
 
-// intern finds or creates the inode for the O_PATH fd whose statx is st and
+// internOpened finds or creates the inode for the O_PATH fd whose statx is st and
 // adds one guest lookup. It takes ownership of fd (closing it when the
 // object is already known). The returned inode carries no use reference:
 // the caller's lookup keeps it alive until the guest forgets it, and the
 // caller only reads its immutable fields.
-func (f *FS) intern(fd int, st *unix.Statx_t) (*inode, syscall.Errno) {
+func (f *FS) internOpened(fd int, st *unix.Statx_t) (*inode, syscall.Errno) {
 	var hb handleBuf
 	key, errno := f.keyFor(fd, st, &hb) // key's handle is a view of hb
 	if errno != 0 {
@@ -361,6 +376,30 @@ func (f *FS) intern(fd int, st *unix.Statx_t) (*inode, syscall.Errno) {
 		f.inodeFDs.Add(-1)
 		return nil, errno
 	}
+	return f.intern(fd, st, key)
+}
+
+// internKnown adds one guest lookup to the inode of key if the table has
+// it.
+func (f *FS) internKnown(key inodeKey) (*inode, bool) {
+	ks := &f.keys[key.hash()%keyShards]
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	i := ks.get(key)
+	if i != nil && !i.pinned {
+		i.nlookup++
+	}
+	return i, i != nil
+}
+
+// errNeedFD is intern's answer for an object given without an fd
+// (lookupByHandle) whose mount has no mount fd any more: the caller
+// looks it up again by fd.
+const errNeedFD = syscall.EAGAIN
+
+// intern is internOpened for a key already made; fd may be -1 for an
+// object that is not a directory on a mount held by handle.
+func (f *FS) intern(fd int, st *unix.Statx_t, key inodeKey) (*inode, syscall.Errno) {
 	ks := &f.keys[key.hash()%keyShards]
 	ks.mu.Lock()
 	if i := ks.get(key); i != nil {
@@ -368,8 +407,10 @@ func (f *FS) intern(fd int, st *unix.Statx_t) (*inode, syscall.Errno) {
 			i.nlookup++
 		}
 		ks.mu.Unlock()
-		sysClose(fd)
-		f.inodeFDs.Add(-1)
+		if fd >= 0 {
+			sysClose(fd)
+			f.inodeFDs.Add(-1)
+		}
 		return i, 0
 	}
 	own := ownedKey(&key)
@@ -424,16 +465,30 @@ func (f *FS) keyFor(fd int, st *unix.Statx_t, hb *handleBuf) (inodeKey, syscall.
 // fd, closing it on failure or when the inode is held by file handle.
 func (f *FS) newInode(fd int, st *unix.Statx_t, key inodeKey) (*inode, syscall.Errno) {
 	i := &inode{key: key, ftype: uint16(st.Mode & unix.S_IFMT), nlookup: 1, fs: f}
+	if fd < 0 { // lookupByHandle: the mount must still have its fd
+		if i.mnt = f.acquireMount(key.mntID, -1); i.mnt == nil {
+			return nil, errNeedFD
+		}
+		i.ref.Store(1)
+		return i, 0
+	}
 	if key.handle != "" {
 		opath := -1
 		if i.isDir() {
 			opath = fd
 		}
 		if i.mnt = f.acquireMount(key.mntID, opath); i.mnt != nil {
-			// Held by handle: the O_PATH fd goes.
-			sysClose(fd)
+			// Held by handle: the O_PATH fd goes, but for a directory's
+			// the cache takes (dircache.go).
 			f.inodeFDs.Add(-1)
 			i.ref.Store(1)
+			owned := true
+			if i.isDir() {
+				_, owned = f.cacheDirFD(i, fd)
+			}
+			if owned {
+				sysClose(fd)
+			}
 			return i, 0
 		} else if f.opts.InodeFileHandles == FileHandlesMandatory {
 			sysClose(fd)

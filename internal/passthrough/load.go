@@ -337,6 +337,7 @@ func (l *loader) stageHandle(r *migstate.Handle) error {
 		}
 	}
 	i.ref.Add(1) // the handle's reference
+	i.handles.Add(1)
 	h.refs.Store(1)
 	l.st.handles = append(l.st.handles, h)
 	return nil

@@ -37,10 +37,11 @@ func (f *FS) isTracking() bool { return f.track.Load() != untracked }
 // evicted yet, so every one has its fd), and only then lets evictions run:
 // meanwhile the budget is exceeded. The caller holds no lock.
 func (f *FS) startTracking() {
+	f.naming.Add(1) // before the state changes: shedFDs may wait on seeing it
 	if !f.track.CompareAndSwap(untracked, namingPass) {
+		f.naming.Done()
 		return
 	}
-	f.naming.Add(1)
 	pass := func() {
 		defer f.naming.Done()
 		f.namesMu.Lock()
