@@ -143,8 +143,7 @@ func TestLookupByHandleOpensNothing(t *testing.T) {
 	if n := tf.lookup(d, "g"); n.NodeId == g.NodeId || n.Attr.Size != 1 {
 		t.Fatalf("replaced g: node %d (was %d), size %d", n.NodeId, g.NodeId, n.Attr.Size)
 	}
-	var e gofuse.EntryOut
-	if errno := tf.Lookup(hdr(d), []byte("missing"), &e); errno != syscall.ENOENT {
+	if errno := tf.lookupErr(d, "missing"); errno != syscall.ENOENT {
 		t.Fatalf("missing: %v", errno)
 	}
 }

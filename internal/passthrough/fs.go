@@ -5,7 +5,8 @@
 // behalf: the inode table (host objects keyed by device, inode number and
 // mount id, held as O_PATH fds or file handles and refcounted by the
 // guest's lookup count; fds within a budget, past which unused ones are
-// evicted and reopened by name: budget.go, names.go), the handle table of
+// evicted and reopened by name: budget.go, names.go; a few directories
+// held by handle keep an fd: dircache.go), the handle table of
 // open files and directories, the validation of every name and id the
 // guest sends, the credentials used to create objects, kill-priv handling,
 // cache-mode timeouts and open flags, locks, and the live migration of all that: collecting a way to each inode, saving the
@@ -15,8 +16,10 @@
 // The rules, from DESIGN §4 and the C and Rust daemons' CVEs:
 //   - no host path strings: every object is reached from its parent's fd
 //     with one *at call per validated component (O_NOFOLLOW, openat2
-//     RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS|RESOLVE_NO_SYMLINKS), and O_PATH
-//     fds are reopened through an fd of /proc/self/fd taken at start;
+//     RESOLVE_BENEATH|RESOLVE_NO_MAGICLINKS|RESOLVE_NO_SYMLINKS; a LOOKUP
+//     in handle mode stats and encodes the one component without opening
+//     it, following no symlink), and O_PATH fds are reopened through an fd
+//     of /proc/self/fd taken at start;
 //   - only regular files and directories are ever opened (CVE-2020-35517);
 //   - objects are created with the guest caller's fsuid/fsgid on a
 //     dedicated thread, with supplementary groups dropped (CVE-2022-0358);
