@@ -187,3 +187,28 @@ func TestLookupByHandleMountWithoutFD(t *testing.T) {
 		t.Fatalf("after forget: %+v (base %d)", s, tf.baseFDs)
 	}
 }
+
+// An inode found by READDIRPLUS or CREATE (which open the object) and the
+// same object found by a LOOKUP without an fd have one key: the LOOKUP
+// finds the guest's node, not a second one (a revalidation that got
+// another node id would make the guest drop its dentry).
+func TestLookupByHandleSameNodeAsOpened(t *testing.T) {
+	tf := newHandleFS(t, 16, 1)
+	for _, n := range []string{"a", "b", "c"} {
+		must(t, os.WriteFile(tf.path("d0/"+n), nil, 0o644))
+	}
+	d := tf.lookup(rootID, "d0").NodeId
+	for _, e := range tf.readdirAll(d, true, 100) {
+		if e.name == "." || e.name == ".." {
+			continue
+		}
+		if got := tf.lookup(d, e.name).NodeId; got != e.entry.NodeId {
+			t.Fatalf("%s: READDIRPLUS node %d, LOOKUP node %d", e.name, e.entry.NodeId, got)
+		}
+	}
+	c := tf.create(d, "new", unix.O_RDWR, 0o644)
+	tf.release(c.NodeId, c.Fh)
+	if got := tf.lookup(d, "new").NodeId; got != c.NodeId {
+		t.Fatalf("new: CREATE node %d, LOOKUP node %d", c.NodeId, got)
+	}
+}
