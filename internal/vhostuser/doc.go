@@ -106,17 +106,12 @@
 // worker, and the default 255 request queues took the idle daemon from 3
 // to 10 MiB of anonymous memory.
 //
-// The watcher yields to the scheduler (runtime.Gosched) before it sleeps,
-// at most once per yieldEvery (4 ms). The runtime takes a goroutine that
-// has run on one scheduler tick for 10 ms for a hog: it preempts it, takes
-// its P while it sleeps in a system call, and then polls every 20 µs for a
-// while. A server that only ever sleeps in ppoll and serves never passes
-// through the scheduler. Without any yield the runtime's monitor preempted
+// The watcher yields once per wait (runtime.Gosched). The runtime takes a
+// goroutine that has run on one scheduler tick for 10 ms for a hog: it
+// preempts it, takes its P while it sleeps in a system call, and then
+// polls every 20 µs for a while. A server that only ever sleeps in ppoll
+// and serves never passes through the scheduler. The yield costs a
+// fraction of a microsecond; without it the runtime's monitor preempted
 // the server's thread thousands of times a second on the depth-1 rows
-// (about 2,300: README, Parallelism under vhost-user behaviour). A yield
-// per wait was not free either: the yielded goroutine goes to the global
-// run queue and the runtime wakes an idle thread to look for work, which
-// spins and sleeps again; on a depth-1 LOOKUP walk that was about a third
-// of the daemon's CPU time (perf, make bench-scale). Every 4 ms keeps the
-// scheduler tick fresh at 250 yields a second at most.
+// (about 2,300: README, Parallelism under vhost-user behaviour).
 package vhostuser

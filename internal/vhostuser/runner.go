@@ -16,11 +16,6 @@ import (
 // NOFD: the front end asks to be polled) is looked at (doc.go, Tunables).
 const pollInterval = 200 * time.Microsecond
 
-// yieldEvery is how often a watching server yields to the scheduler at
-// most: well inside the 10 ms after which the runtime takes a goroutine
-// that never passed through the scheduler for a hog (doc.go, Rationale).
-const yieldEvery = 4 * time.Millisecond
-
 // runner serves one started, enabled ring.
 type runner struct {
 	r        *vring
@@ -56,8 +51,6 @@ type server struct {
 	mem     *virtqueue.GuestMemory // reference covering the chain s serves
 	// unsignalled counts the replies s pushed since it last signalled.
 	unsignalled int
-	// yielded is when s last yielded to the scheduler (watchLocked).
-	yielded time.Time
 }
 
 func startRunner(r *vring, q *virtqueue.Queue, kickFD int) *runner {
@@ -305,12 +298,9 @@ func (s *server) watchLocked(noMemory bool) {
 	putMem(&rn.mem)
 	rn.watching = true
 	rn.unlock()
-	// Yield now and then, or the runtime takes a server that only
+	// Yield once per wait, or the runtime takes a server that only
 	// serves and sleeps in ppoll for a hog (doc.go, Rationale).
-	if now := time.Now(); now.Sub(s.yielded) >= yieldEvery {
-		s.yielded = now
-		runtime.Gosched()
-	}
+	runtime.Gosched()
 	var err error
 	if rn.kick == nil {
 		time.Sleep(pollInterval)
