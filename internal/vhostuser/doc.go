@@ -113,5 +113,11 @@
 // and serves never passes through the scheduler. The yield costs a
 // fraction of a microsecond; without it the runtime's monitor preempted
 // the server's thread thousands of times a second on the depth-1 rows
-// (about 2,300: README, Parallelism under vhost-user behaviour).
+// (about 2,300: README, Parallelism under vhost-user behaviour). The
+// yield is not free: the runtime wakes an idle thread to look for work,
+// which spins and sleeps again, about a third of the daemon's CPU time on
+// a depth-1 LOOKUP walk. Yielding at most every 4 ms saved that, but that
+// spin also keeps the CPU awake for the next kick: without it randwrite
+// 4k on one queue lost about 10% and the depth-1 walk's rate fell, so the
+// yield stays per wait.
 package vhostuser
