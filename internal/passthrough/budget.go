@@ -223,6 +223,19 @@ func (f *FS) outOfFDs(e syscall.Errno, wait bool) bool {
 	return false
 }
 
+// withFDs runs open, and once more after shedding inode fds when it
+// failed for want of them (outOfFDs; wait as there); a failure the guest
+// then sees is logged once.
+func (f *FS) withFDs(wait bool, open func() (int, syscall.Errno)) (int, syscall.Errno) {
+	fd, e := open()
+	if e != 0 && f.outOfFDs(e, wait) {
+		if fd, e = open(); e != 0 {
+			f.warnFDLimit(e)
+		}
+	}
+	return fd, e
+}
+
 // shedFDs evicts a batch (a sixteenth of the budget) of resident inode
 // fds, under the budget or not, and reports whether it freed any. Names
 // are needed for that: if the budget was never reached it starts their
@@ -387,10 +400,7 @@ func (f *FS) reach(x *inode, depth int) (int, syscall.Errno) {
 	}
 	var cn cname
 	p := cn.setString(nm.name)
-	fd, errno := f.openChildOnce(dir.fd, p)
-	if errno != 0 && f.outOfFDs(errno, false) {
-		fd, errno = f.openChildOnce(dir.fd, p)
-	}
+	fd, errno := f.withFDs(false, func() (int, syscall.Errno) { return f.openChildOnce(dir.fd, p) })
 	dir.release()
 	switch errno {
 	case 0:

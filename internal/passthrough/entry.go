@@ -68,13 +68,7 @@ func (f *FS) openBeneath2(dirfd int, path *byte) (int, syscall.Errno) {
 // trailing symlink. name must have passed checkLookupName and must not be "..".
 // Out of fds, it sheds inode fds and tries once more (outOfFDs).
 func (f *FS) openChild(dirfd int, name *byte) (int, syscall.Errno) {
-	fd, e := f.openChildOnce(dirfd, name)
-	if e != 0 && f.outOfFDs(e, true) {
-		if fd, e = f.openChildOnce(dirfd, name); e != 0 {
-			f.warnFDLimit(e)
-		}
-	}
-	return fd, e
+	return f.withFDs(true, func() (int, syscall.Errno) { return f.openChildOnce(dirfd, name) })
 }
 
 func (f *FS) openChildOnce(dirfd int, name *byte) (int, syscall.Errno) {
@@ -327,13 +321,9 @@ func (f *FS) reopen(i iref, flags int) (int, syscall.Errno) {
 	}
 	var b fdName
 	p := procName(&b, i.fd)
-	fd, e := sysOpenat(f.procSelfFD, p, (flags&^unix.O_NOFOLLOW)|unix.O_CLOEXEC, 0)
-	if e != 0 && f.outOfFDs(e, true) {
-		if fd, e = sysOpenat(f.procSelfFD, p, (flags&^unix.O_NOFOLLOW)|unix.O_CLOEXEC, 0); e != 0 {
-			f.warnFDLimit(e)
-		}
-	}
-	return fd, e
+	return f.withFDs(true, func() (int, syscall.Errno) {
+		return sysOpenat(f.procSelfFD, p, (flags&^unix.O_NOFOLLOW)|unix.O_CLOEXEC, 0)
+	})
 }
 
 // killPriv clears set-user-ID, and set-group-ID if the group may execute,

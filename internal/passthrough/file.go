@@ -202,22 +202,15 @@ func (f *FS) Tmpfile(in *gofuse.CreateIn, group uint32, out *gofuse.CreateOut) s
 // Out of fds, it sheds inode fds and tries once more (outOfFDs): the fd is
 // allocated before the name is resolved, so the failed try created nothing.
 func (f *FS) openAsCaller(in *gofuse.CreateIn, group uint32, dirfd int, name *byte, fl int) (int, syscall.Errno) {
-	fd := -1
-	var errno syscall.Errno
-	for try := 0; try < 2; try++ {
-		errno = f.asCaller(in.Uid, in.Gid, group, f.umaskFor(in.Umask), func() syscall.Errno {
+	return f.withFDs(true, func() (int, syscall.Errno) {
+		fd := -1
+		errno := f.asCaller(in.Uid, in.Gid, group, f.umaskFor(in.Umask), func() syscall.Errno {
 			var e syscall.Errno
 			fd, e = sysOpenat(dirfd, name, fl, in.Mode&0o7777)
 			return e
 		})
-		if errno == 0 || try == 1 || !f.outOfFDs(errno, true) {
-			break
-		}
-	}
-	if errno != 0 {
-		f.warnFDLimit(errno)
-	}
-	return fd, errno
+		return fd, errno
+	})
 }
 
 func (f *FS) fileHandle(fh, node uint64) (*handle, syscall.Errno) {
