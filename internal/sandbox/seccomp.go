@@ -121,18 +121,18 @@ func loadSeccomp(mode SeccompMode) (int, error) {
 		return 0, fmt.Errorf("seccomp: allowing unshare(CLONE_FS): %w", err)
 	}
 	n++
-	// A creation runs with the guest caller's supplementary group
-	// (FUSE_EXT_GROUPS) on its own thread: setgroups of at most one
-	// group (and of none, to drop it), never a list.
+	// A creation runs with the guest caller's supplementary groups
+	// (FUSE_EXT_GROUPS) on its own thread: setgroups of at most
+	// maxCreateGroups groups (and of none, to drop them), never more.
 	setgroups, err := seccomp.GetSyscallFromName("setgroups")
 	if err != nil {
 		return 0, fmt.Errorf("seccomp: %w", err)
 	}
-	if cond, err = seccomp.MakeCondition(0, seccomp.CompareLessOrEqual, 1); err != nil {
+	if cond, err = seccomp.MakeCondition(0, seccomp.CompareLessOrEqual, maxCreateGroups); err != nil {
 		return 0, fmt.Errorf("seccomp: %w", err)
 	}
 	if err := f.AddRuleConditional(setgroups, seccomp.ActAllow, []seccomp.ScmpCondition{cond}); err != nil {
-		return 0, fmt.Errorf("seccomp: allowing setgroups of one group: %w", err)
+		return 0, fmt.Errorf("seccomp: allowing setgroups of a few groups: %w", err)
 	}
 	n++
 	if err := f.Load(); err != nil {
@@ -140,3 +140,7 @@ func loadSeccomp(mode SeccompMode) (int, error) {
 	}
 	return n, nil
 }
+
+// maxCreateGroups is internal/fuse.MaxGroups: the most supplementary groups
+// a creation request carries, which the passthrough sets with setgroups.
+const maxCreateGroups = 32

@@ -54,14 +54,30 @@ var seccompCases = map[string]struct {
 		g := [2]uint32{uint32(os.Getegid()), uint32(os.Getegid())}
 		_, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 2, uintptr(unsafe.Pointer(&g[0])), 0)
 		return errnoErr(e)
+	}, true},
+	"setgroups most": {func() error {
+		var g [maxCreateGroups]uint32
+		for i := range g {
+			g[i] = uint32(os.Getegid())
+		}
+		_, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, maxCreateGroups, uintptr(unsafe.Pointer(&g[0])), 0)
+		return errnoErr(e)
+	}, true},
+	"setgroups too many": {func() error {
+		var g [maxCreateGroups + 1]uint32
+		for i := range g {
+			g[i] = uint32(os.Getegid())
+		}
+		_, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, maxCreateGroups+1, uintptr(unsafe.Pointer(&g[0])), 0)
+		return errnoErr(e)
 	}, false},
 	"unshare fs":    {func() error { return unix.Unshare(unix.CLONE_FS) }, true},
 	"unshare mount": {func() error { return unix.Unshare(unix.CLONE_NEWNS) }, false},
 }
 
 // TestSeccompConditionalRules: the calls the filter allows only with
-// some argument values, unshare(CLONE_FS) and setgroups of at most one
-// group, pass with it and kill the process with any other. Each
+// some argument values, unshare(CLONE_FS) and setgroups of at most
+// maxCreateGroups groups, pass with it and kill the process with any other. Each
 // case runs in a re-executed test binary that loads the filter.
 func TestSeccompConditionalRules(t *testing.T) {
 	if name := os.Getenv(seccompChildEnv); name != "" {
