@@ -16,16 +16,24 @@ import (
 // Linux sends one only with creation requests (CREATE, MKNOD, MKDIR,
 // SYMLINK, TMPFILE): FUSE_EXT_GROUPS (type 32) when CREATE_SUPP_GROUP is
 // negotiated and the caller may write to the parent directory only through
-// a supplementary group, { u32 nr_groups = 1; u32 groups[1] }; a security
-// context (types 0..31, their count) with SECURITY_CTX, which this server
-// never negotiates (and a restored session never carries: see state.go).
+// a supplementary group, { u32 nr_groups; u32 groups[nr_groups] } (Linux
+// sends nr_groups 1, the parent directory's group; other clients, and the
+// Rust virtiofsd 1.14, allow several: up to MaxGroups are accepted); a
+// security context (types 0..31, their count) with SECURITY_CTX, which
+// this server never negotiates (and a restored session never carries: see
+// state.go).
 const (
 	extHeaderSize = 8
 	extGroups     = 32
 )
 
-// extensions checks the extension area of the request in q.req, records a
-// supplementary group in q.group, and cuts the area off in, so that the
+// MaxGroups bounds the supplementary groups one request may carry: the
+// credentials switch sets them all on a thread (setgroups), and a bound
+// keeps that, and the copy, small. A request with more is EINVAL.
+const MaxGroups = 32
+
+// extensions checks the extension area of the request in q.req, records the
+// supplementary groups in q.groups, and cuts the area off in, so that the
 // argument decoders see the request as without extensions. An area that is
 // malformed or holds an extension type this server does not know is EINVAL:
 // an unknown extension may change the request's meaning.
@@ -51,20 +59,28 @@ func (q *Queue) extensions(in *bufvec.Vec) syscall.Errno {
 		}
 		switch typ {
 		case extGroups:
-			// The kernel sends exactly one group (fs/fuse/dir.c,
-			// get_create_supp_group); more would leave us to guess
-			// which one the permission came through.
-			if size < extHeaderSize+8 || q.group != NoGroup {
+			// One FUSE_EXT_GROUPS at most: a second would leave us to
+			// guess which list the permission came through.
+			if size < extHeaderSize+8 || q.groups != nil {
 				return syscall.EINVAL
 			}
-			if err := in.ReadFull(b[8:16]); err != nil {
+			if err := in.ReadFull(b[8:12]); err != nil {
 				return argErr(err)
 			}
-			nr, g := binary.LittleEndian.Uint32(b[8:]), binary.LittleEndian.Uint32(b[12:])
-			if nr != 1 || g == NoGroup {
+			nr := binary.LittleEndian.Uint32(b[8:])
+			if nr == 0 || nr > MaxGroups || uint64(size) < extHeaderSize+4+4*uint64(nr) {
 				return syscall.EINVAL
 			}
-			q.group = g
+			gs := q.groupBuf[:nr]
+			for i := range gs {
+				if err := in.ReadFull(b[12:16]); err != nil {
+					return argErr(err)
+				}
+				if gs[i] = binary.LittleEndian.Uint32(b[12:]); gs[i] == NoGroup {
+					return syscall.EINVAL
+				}
+			}
+			q.groups = gs
 		default:
 			return syscall.EINVAL
 		}

@@ -36,7 +36,7 @@ type fakeFS struct {
 	written  []byte // what WRITE received
 	xattr    []byte
 	xlist    []byte
-	copied   uint32
+	copied   uint64
 	dirents  []fakeDirent
 	readN    int // when > 0, READ claims this many bytes (to test bad counts)
 	dirErrAt int // when > 0, ReadDir returns errno after this many entries
@@ -112,17 +112,17 @@ func (f *fakeFS) Readlink(h *gofuse.InHeader, buf []byte) (int, syscall.Errno) {
 	f.record("Readlink", *h, nil, uint64(len(buf)))
 	return copy(buf, f.link), f.errno
 }
-func (f *fakeFS) Symlink(h *gofuse.InHeader, group uint32, target, name []byte, out *gofuse.EntryOut) syscall.Errno {
+func (f *fakeFS) Symlink(h *gofuse.InHeader, groups []uint32, target, name []byte, out *gofuse.EntryOut) syscall.Errno {
 	*out = f.entry
-	return f.record("Symlink", *h, strs(target, name), uint64(group))
+	return f.record("Symlink", *h, strs(target, name), groupArgs(groups)...)
 }
-func (f *fakeFS) Mknod(in *gofuse.MknodIn, group uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
+func (f *fakeFS) Mknod(in *gofuse.MknodIn, groups []uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
 	*out = f.entry
-	return f.record("Mknod", *in, strs(name), uint64(group))
+	return f.record("Mknod", *in, strs(name), groupArgs(groups)...)
 }
-func (f *fakeFS) Mkdir(in *gofuse.MkdirIn, group uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
+func (f *fakeFS) Mkdir(in *gofuse.MkdirIn, groups []uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
 	*out = f.entry
-	return f.record("Mkdir", *in, strs(name), uint64(group))
+	return f.record("Mkdir", *in, strs(name), groupArgs(groups)...)
 }
 func (f *fakeFS) Unlink(h *gofuse.InHeader, name []byte) syscall.Errno {
 	return f.record("Unlink", *h, strs(name))
@@ -141,13 +141,13 @@ func (f *fakeFS) Open(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno {
 	*out = f.open
 	return f.record("Open", *in, nil)
 }
-func (f *fakeFS) Create(in *gofuse.CreateIn, group uint32, name []byte, out *gofuse.CreateOut) syscall.Errno {
+func (f *fakeFS) Create(in *gofuse.CreateIn, groups []uint32, name []byte, out *gofuse.CreateOut) syscall.Errno {
 	out.EntryOut, out.OpenOut = f.entry, f.open
-	return f.record("Create", *in, strs(name), uint64(group))
+	return f.record("Create", *in, strs(name), groupArgs(groups)...)
 }
-func (f *fakeFS) Tmpfile(in *gofuse.CreateIn, group uint32, out *gofuse.CreateOut) syscall.Errno {
+func (f *fakeFS) Tmpfile(in *gofuse.CreateIn, groups []uint32, out *gofuse.CreateOut) syscall.Errno {
 	out.EntryOut, out.OpenOut = f.entry, f.open
-	return f.record("Tmpfile", *in, nil, uint64(group))
+	return f.record("Tmpfile", *in, nil, groupArgs(groups)...)
 }
 func (f *fakeFS) Read(in *gofuse.ReadIn, dst *bufvec.Vec) (int, syscall.Errno) {
 	f.record("Read", *in, nil)
@@ -188,9 +188,9 @@ func (f *fakeFS) Lseek(in *gofuse.LseekIn, out *gofuse.LseekOut) syscall.Errno {
 	*out = f.lseek
 	return f.record("Lseek", *in, nil)
 }
-func (f *fakeFS) CopyFileRange(in *gofuse.CopyFileRangeIn) (uint32, syscall.Errno) {
-	f.record("CopyFileRange", *in, nil)
-	return f.copied, f.errno
+func (f *fakeFS) CopyFileRange(in *gofuse.CopyFileRangeIn, limit uint64) (uint64, syscall.Errno) {
+	f.record("CopyFileRange", *in, nil, limit)
+	return min(f.copied, limit), f.errno
 }
 func (f *fakeFS) OpenDir(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno {
 	*out = f.open
@@ -280,3 +280,17 @@ func (f *fakeFS) SetLk(in *gofuse.LkIn, wait bool) syscall.Errno {
 }
 
 var _ FileSystem = (*fakeFS)(nil)
+
+// groupArgs records a creation's supplementary groups as call arguments:
+// noGroup for none, as the calls of a single group were recorded before
+// several were accepted.
+func groupArgs(groups []uint32) []uint64 {
+	if groups == nil {
+		return []uint64{noGroup}
+	}
+	a := make([]uint64, len(groups))
+	for i, g := range groups {
+		a[i] = uint64(g)
+	}
+	return a
+}

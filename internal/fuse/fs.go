@@ -24,10 +24,12 @@ import (
 // and must not be retained after the call returns.
 //
 // The methods that create an object (Symlink, Mknod, Mkdir, Create,
-// Tmpfile) also get group: the caller's supplementary group that the guest
-// sent with the request (FUSE_EXT_GROUPS, with CAP_CREATE_SUPP_GROUP
+// Tmpfile) also get groups: the caller's supplementary groups that the
+// guest sent with the request (FUSE_EXT_GROUPS, with CAP_CREATE_SUPP_GROUP
 // negotiated) because the caller may create in the parent directory only
-// through it; NoGroup when none came.
+// through one of them; nil when none came. At most MaxGroups, none of
+// them NoGroup; the slice is the server's scratch and must not be retained
+// after the call.
 //
 // Methods are called concurrently from several queues.
 type FileSystem interface {
@@ -53,9 +55,9 @@ type FileSystem interface {
 	// Readlink writes the target into buf (PATH_MAX bytes) and returns
 	// its length.
 	Readlink(h *gofuse.InHeader, buf []byte) (int, syscall.Errno)
-	Symlink(h *gofuse.InHeader, group uint32, target, name []byte, out *gofuse.EntryOut) syscall.Errno
-	Mknod(in *gofuse.MknodIn, group uint32, name []byte, out *gofuse.EntryOut) syscall.Errno
-	Mkdir(in *gofuse.MkdirIn, group uint32, name []byte, out *gofuse.EntryOut) syscall.Errno
+	Symlink(h *gofuse.InHeader, groups []uint32, target, name []byte, out *gofuse.EntryOut) syscall.Errno
+	Mknod(in *gofuse.MknodIn, groups []uint32, name []byte, out *gofuse.EntryOut) syscall.Errno
+	Mkdir(in *gofuse.MkdirIn, groups []uint32, name []byte, out *gofuse.EntryOut) syscall.Errno
 	Unlink(h *gofuse.InHeader, name []byte) syscall.Errno
 	Rmdir(h *gofuse.InHeader, name []byte) syscall.Errno
 	// Rename moves h.NodeId/oldName to newDir/newName; flags are
@@ -64,9 +66,9 @@ type FileSystem interface {
 	Link(in *gofuse.LinkIn, name []byte, out *gofuse.EntryOut) syscall.Errno
 
 	Open(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno
-	Create(in *gofuse.CreateIn, group uint32, name []byte, out *gofuse.CreateOut) syscall.Errno
+	Create(in *gofuse.CreateIn, groups []uint32, name []byte, out *gofuse.CreateOut) syscall.Errno
 	// Tmpfile creates an unnamed file in directory in.NodeId.
-	Tmpfile(in *gofuse.CreateIn, group uint32, out *gofuse.CreateOut) syscall.Errno
+	Tmpfile(in *gofuse.CreateIn, groups []uint32, out *gofuse.CreateOut) syscall.Errno
 	// Read reads up to in.Size bytes at in.Offset straight into dst (one
 	// preadv of guest memory) and returns the byte count. The server
 	// clamps in.Size to dst.Len(), the room after the reply header.
@@ -80,7 +82,9 @@ type FileSystem interface {
 	Fsync(in *gofuse.FsyncIn) syscall.Errno
 	Fallocate(in *gofuse.FallocateIn) syscall.Errno
 	Lseek(in *gofuse.LseekIn, out *gofuse.LseekOut) syscall.Errno
-	CopyFileRange(in *gofuse.CopyFileRangeIn) (uint32, syscall.Errno)
+	// CopyFileRange copies at most min(in.Len, limit) bytes (COPY_FILE_RANGE
+	// and COPY_FILE_RANGE_64) and returns how many it copied.
+	CopyFileRange(in *gofuse.CopyFileRangeIn, limit uint64) (uint64, syscall.Errno)
 
 	OpenDir(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno
 	// ReadDir lists directory in.NodeId from offset in.Offset. For each
@@ -119,6 +123,6 @@ type FileSystem interface {
 	SetLk(in *gofuse.LkIn, wait bool) syscall.Errno
 }
 
-// NoGroup is the group argument of a creation request that carried no
-// supplementary group ((gid_t)-1, never a valid group).
+// NoGroup is (gid_t)-1, never a valid group: a FUSE_EXT_GROUPS naming it
+// is refused.
 const NoGroup = ^uint32(0)

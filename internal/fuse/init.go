@@ -11,18 +11,51 @@ import (
 
 // serverCaps are the capabilities the server asks for whenever the guest
 // offers them, whatever the file system wants: they concern the protocol,
-// not the file system's semantics.
+// not the file system's semantics. ALLOW_IDMAP lets the guest make
+// idmapped mounts of the share: requests that create nothing then carry
+// uid and gid FUSE_INVALID_UIDGID, and creations the ids as mapped by the
+// mount, which the file system takes as any caller's (FileSystem).
 const serverCaps = gofuse.CAP_ASYNC_READ | gofuse.CAP_BIG_WRITES | gofuse.CAP_MAX_PAGES |
-	gofuse.CAP_PARALLEL_DIROPS | gofuse.CAP_ASYNC_DIO | gofuse.CAP_INIT_EXT
+	gofuse.CAP_PARALLEL_DIROPS | gofuse.CAP_ASYNC_DIO | gofuse.CAP_INIT_EXT | gofuse.CAP_ALLOW_IDMAP
 
-// allowedCaps are the capabilities of protocol 7.38 the server can handle at
-// all. Left out: the splice bits (meaningless here), IOCTL_DIR (IOCTL is
-// ENOSYS), MAP_ALIGNMENT and HAS_INODE_DAX (no DAX window), bit 31
-// (reserved), and SECURITY_CTX, whose request extension (a security
-// context to create with) the server does not parse. CREATE_SUPP_GROUP's
-// extension is parsed (ext.go) and handed to the file system.
+// allowedCaps are the capabilities of protocol 7.45 the server can handle at
+// all. Left out of the 32 flags: the splice bits (meaningless here),
+// IOCTL_DIR (IOCTL is ENOSYS), MAP_ALIGNMENT (no DAX window), bit 31
+// (reserved). Of flags2, what 7.36 to 7.45 added, one by one:
+//
+//   - SECURITY_CTX (bit 32): its request extension (a security context to
+//     create with) is not parsed here: never negotiated.
+//   - HAS_INODE_DAX (33): no DAX window.
+//   - CREATE_SUPP_GROUP (34): its extension is parsed (ext.go) and handed
+//     to the file system.
+//   - HAS_EXPIRE_ONLY (35): the kernel's, for notifications.
+//   - DIRECT_IO_ALLOW_MMAP (36, 7.39): the file system's choice.
+//   - PASSTHROUGH (37, 7.40): backing files registered through /dev/fuse
+//     ioctls; a virtio-fs guest has none to call (and never offers it).
+//   - NO_EXPORT_SUPPORT (38, 7.40): the server would say the mount cannot
+//     be exported (name_to_handle_at and NFS): this one can, it answers
+//     the LOOKUPs of "." and ".." that EXPORT_SUPPORT needs. Never asked
+//     for.
+//   - HAS_RESEND (39, 7.40): the server could send FUSE_NOTIFY_RESEND,
+//     which makes the kernel queue every pending request again (for a
+//     /dev/fuse server that restarted and lost them). No notification
+//     reaches a virtio-fs guest (VIRTIO_FS_F_NOTIFICATION is never
+//     acked), and requests a restarted back end lost are the vhost-user
+//     inflight area's business: never negotiated.
+//   - ALLOW_IDMAP (40, 7.41): negotiated whenever offered (serverCaps).
+//   - OVER_IO_URING (41, 7.42): a /dev/fuse transport; never offered by a
+//     virtio-fs guest, never negotiated.
+//   - REQUEST_TIMEOUT (42, 7.43): with it the guest aborts the whole
+//     connection (every later request fails with ENOTCONN until the
+//     mount is remade) when one request outlives init_out.request_timeout
+//     seconds; a slow host disk or a blocking SETLKW would then kill the
+//     guest's file system. Never negotiated (request_timeout stays 0).
+//
+// 7.44's NOTIFY_INC_EPOCH and 7.45's NOTIFY_PRUNE are notifications the
+// server never sends (none reaches a virtio-fs guest); 7.39's STATX and
+// 7.45's COPY_FILE_RANGE_64 are opcodes (opcode.go).
 const allowedCaps = flagsBits&^deniedCaps | gofuse.CAP_HAS_EXPIRE_ONLY | gofuse.CAP_DIRECT_IO_ALLOW_MMAP |
-	gofuse.CAP_CREATE_SUPP_GROUP
+	gofuse.CAP_CREATE_SUPP_GROUP | gofuse.CAP_ALLOW_IDMAP
 
 const (
 	flagsBits  = uint64(1)<<31 - 1
@@ -40,7 +73,7 @@ func (q *Queue) doInit(_, _ *bufvec.Vec) syscall.Errno {
 	case a.Major < KernelVersion || a.Minor < MinKernelMinor:
 		if q.rateLimit() {
 			q.s.log.Warn("unsupported FUSE protocol version", "queue", q.index,
-				"major", a.Major, "minor", a.Minor, "need", "7.27")
+				"major", a.Major, "minor", a.Minor, "need", versionString(KernelVersion, MinKernelMinor))
 		}
 		return syscall.EPROTO
 	}

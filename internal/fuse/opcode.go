@@ -60,6 +60,9 @@ const (
 	OpSyncfs        = 50
 	OpTmpfile       = 51
 	OpStatx         = 52
+	// COPY_FILE_RANGE_64 (7.45): COPY_FILE_RANGE's arguments, the reply
+	// a u64 byte count, so that one request may copy 4 GiB or more.
+	OpCopyFileRange64 = 53
 )
 
 // Sizes of the argument structs after fuse_in_header, as the kernel sends
@@ -107,6 +110,7 @@ const (
 	lkOutSize       = 24
 	lseekOutSize    = 8
 	statxOutSize    = 288
+	copyOut64Size   = 8
 	initOutSize     = 64
 )
 
@@ -170,7 +174,7 @@ const (
 )
 
 // numOps is one past the highest opcode the table knows.
-const numOps = OpStatx + 1
+const numOps = OpCopyFileRange64 + 1
 
 // opcodes is indexed by opcode. Entry 0, which no opcode uses, stands for
 // the unknown ones.
@@ -238,6 +242,9 @@ var opcodes = [numOps]opcode{
 	// nothing to the file system, and may be absent.
 	OpTmpfile: {name: "TMPFILE", in: createInSize, names: maybeName, out: createOutSize, flags: givesNode, serve: (*Queue).doTmpfile},
 	OpStatx:   {name: "STATX", in: statxInSize, out: statxOutSize, serve: (*Queue).doStatx},
+	// Linux sends COPY_FILE_RANGE_64 whatever minor INIT answered, and
+	// falls back to COPY_FILE_RANGE for good after an ENOSYS.
+	OpCopyFileRange64: {name: "COPY_FILE_RANGE_64", in: copyInSize, out: copyOut64Size, flags: storageBound, serve: (*Queue).doCopyFileRange64},
 }
 
 // lookup returns op's entry, entry 0 for an unknown op.

@@ -83,15 +83,15 @@ func (q *Queue) replyScratch(n int) []byte {
 }
 
 func (q *Queue) doSymlink(_, _ *bufvec.Vec) syscall.Errno {
-	return q.s.fs.Symlink(&q.req.InHeader, q.group, q.name2, q.name, replyOf[gofuse.EntryOut](q))
+	return q.s.fs.Symlink(&q.req.InHeader, q.groups, q.name2, q.name, replyOf[gofuse.EntryOut](q))
 }
 
 func (q *Queue) doMknod(_, _ *bufvec.Vec) syscall.Errno {
-	return q.s.fs.Mknod(argsOf[gofuse.MknodIn](q), q.group, q.name, replyOf[gofuse.EntryOut](q))
+	return q.s.fs.Mknod(argsOf[gofuse.MknodIn](q), q.groups, q.name, replyOf[gofuse.EntryOut](q))
 }
 
 func (q *Queue) doMkdir(_, _ *bufvec.Vec) syscall.Errno {
-	return q.s.fs.Mkdir(argsOf[gofuse.MkdirIn](q), q.group, q.name, replyOf[gofuse.EntryOut](q))
+	return q.s.fs.Mkdir(argsOf[gofuse.MkdirIn](q), q.groups, q.name, replyOf[gofuse.EntryOut](q))
 }
 
 func (q *Queue) doUnlink(_, _ *bufvec.Vec) syscall.Errno {
@@ -120,11 +120,11 @@ func (q *Queue) doOpendir(_, _ *bufvec.Vec) syscall.Errno {
 }
 
 func (q *Queue) doCreate(_, _ *bufvec.Vec) syscall.Errno {
-	return q.s.fs.Create(argsOf[gofuse.CreateIn](q), q.group, q.name, replyOf[gofuse.CreateOut](q))
+	return q.s.fs.Create(argsOf[gofuse.CreateIn](q), q.groups, q.name, replyOf[gofuse.CreateOut](q))
 }
 
 func (q *Queue) doTmpfile(_, _ *bufvec.Vec) syscall.Errno {
-	return q.s.fs.Tmpfile(argsOf[gofuse.CreateIn](q), q.group, replyOf[gofuse.CreateOut](q))
+	return q.s.fs.Tmpfile(argsOf[gofuse.CreateIn](q), q.groups, replyOf[gofuse.CreateOut](q))
 }
 
 func (q *Queue) doRead(_, out *bufvec.Vec) syscall.Errno {
@@ -268,9 +268,24 @@ func (q *Queue) doLseek(_, _ *bufvec.Vec) syscall.Errno {
 	return q.s.fs.Lseek(argsOf[gofuse.LseekIn](q), replyOf[gofuse.LseekOut](q))
 }
 
+// MaxCopy32 is the most one COPY_FILE_RANGE copies: its reply counts in 32
+// bits. It is what Linux clamps the length to when it sends one after
+// COPY_FILE_RANGE_64 failed (the largest page-aligned u32); an older guest
+// may ask for more, and gets a short copy, which copy_file_range allows.
+const MaxCopy32 = 0xfffff000
+
 func (q *Queue) doCopyFileRange(_, _ *bufvec.Vec) syscall.Errno {
-	n, errno := q.s.fs.CopyFileRange(argsOf[gofuse.CopyFileRangeIn](q))
-	replyOf[gofuse.WriteOut](q).Size = n
+	n, errno := q.s.fs.CopyFileRange(argsOf[gofuse.CopyFileRangeIn](q), MaxCopy32)
+	replyOf[gofuse.WriteOut](q).Size = uint32(min(n, MaxCopy32))
+	return errno
+}
+
+// copyOut64 is fuse_copy_file_range_out.
+type copyOut64 struct{ BytesCopied uint64 }
+
+func (q *Queue) doCopyFileRange64(_, _ *bufvec.Vec) syscall.Errno {
+	n, errno := q.s.fs.CopyFileRange(argsOf[gofuse.CopyFileRangeIn](q), ^uint64(0))
+	replyOf[copyOut64](q).BytesCopied = n
 	return errno
 }
 

@@ -180,6 +180,16 @@ func opCases() []opCase {
 		{name: "LOOKUP with a group", op: OpLookup, names: []string{"hello"}, ext: groupsExt(1, 5),
 			calls: call("Lookup", nil, "hello"), payload: entry},
 		{name: "MKDIR two groups", op: OpMkdir, args: argBytes(mkdir, 8), names: []string{"dir"}, ext: groupsExt(2, 7, 8),
+			calls: withArgs(call("Mkdir", mkdir, "dir"), 7, 8), payload: entry},
+		{name: "MKDIR most groups", op: OpMkdir, args: argBytes(mkdir, 8), names: []string{"dir"}, ext: groupsExt(MaxGroups, manyGroups(MaxGroups)...),
+			calls: withArgs(call("Mkdir", mkdir, "dir"), u64s(manyGroups(MaxGroups))...), payload: entry},
+		{name: "MKDIR too many groups", op: OpMkdir, args: argBytes(mkdir, 8), names: []string{"dir"}, ext: groupsExt(MaxGroups+1, manyGroups(MaxGroups+1)...),
+			outSize: 16 + entryOutSize, errno: -int32(syscall.EINVAL)},
+		{name: "MKDIR fewer groups than nr_groups", op: OpMkdir, args: argBytes(mkdir, 8), names: []string{"dir"}, ext: groupsExt(4, 7, 8),
+			outSize: 16 + entryOutSize, errno: -int32(syscall.EINVAL)},
+		{name: "MKDIR zero groups", op: OpMkdir, args: argBytes(mkdir, 8), names: []string{"dir"}, ext: groupsExt(0, 7),
+			outSize: 16 + entryOutSize, errno: -int32(syscall.EINVAL)},
+		{name: "MKDIR second group -1", op: OpMkdir, args: argBytes(mkdir, 8), names: []string{"dir"}, ext: groupsExt(2, 7, NoGroup),
 			outSize: 16 + entryOutSize, errno: -int32(syscall.EINVAL)},
 		{name: "MKDIR groups twice", op: OpMkdir, args: argBytes(mkdir, 8), names: []string{"dir"},
 			ext: append(groupsExt(1, 7), groupsExt(1, 8)...), outSize: 16 + entryOutSize, errno: -int32(syscall.EINVAL)},
@@ -259,7 +269,13 @@ func opCases() []opCase {
 		{name: "FALLOCATE", op: OpFallocate, args: argBytes(falloc, 32), calls: call("Fallocate", falloc)},
 		{name: "LSEEK", op: OpLseek, args: argBytes(lseek, 24), calls: call("Lseek", lseek),
 			payload: func(f *fakeFS) []byte { return outBytes(f.lseek, lseekOutSize) }},
-		{name: "COPY_FILE_RANGE", op: OpCopyFileRange, args: argBytes(copyIn, 56), calls: call("CopyFileRange", copyIn), payload: u32x2(4096)},
+		{name: "COPY_FILE_RANGE", op: OpCopyFileRange, args: argBytes(copyIn, 56), calls: withArgs(call("CopyFileRange", copyIn), MaxCopy32), payload: u32x2(4096)},
+		{name: "COPY_FILE_RANGE 32-bit count", op: OpCopyFileRange, args: argBytes(copyIn, 56), setup: func(f *fakeFS) { f.copied = 5 << 30 },
+			calls: withArgs(call("CopyFileRange", copyIn), MaxCopy32), payload: u32x2(MaxCopy32)},
+		{name: "COPY_FILE_RANGE_64", op: OpCopyFileRange64, args: argBytes(copyIn, 56), setup: func(f *fakeFS) { f.copied = 5<<30 + 3 },
+			calls: withArgs(call("CopyFileRange", copyIn), ^uint64(0)), payload: func(*fakeFS) []byte { return binary.LittleEndian.AppendUint64(nil, 5<<30+3) }},
+		{name: "COPY_FILE_RANGE_64 error", op: OpCopyFileRange64, args: argBytes(copyIn, 56), outSize: 16 + 8,
+			setup: func(f *fakeFS) { f.errno = syscall.EXDEV }, calls: withArgs(call("CopyFileRange", copyIn), ^uint64(0)), errno: -int32(syscall.EXDEV)},
 		{name: "SYNCFS", op: OpSyncfs, args: make([]byte, 8), calls: call("SyncFs", nil)},
 		{name: "STATX", op: OpStatx, args: argBytes(statx, 24), calls: call("Statx", statx),
 			payload: func(f *fakeFS) []byte { return outBytes(f.statx, statxOutSize) }},
@@ -290,6 +306,23 @@ func opCases() []opCase {
 }
 
 const noGroup = uint64(NoGroup)
+
+// manyGroups returns the groups 1000..1000+n-1.
+func manyGroups(n int) []uint32 {
+	g := make([]uint32, n)
+	for i := range g {
+		g[i] = 1000 + uint32(i)
+	}
+	return g
+}
+
+func u64s(v []uint32) []uint64 {
+	a := make([]uint64, len(v))
+	for i, x := range v {
+		a[i] = uint64(x)
+	}
+	return a
+}
 
 // extRec is one request extension: fuse_ext_header then body, padded to 8.
 func extRec(typ uint32, body []byte) []byte {
@@ -413,7 +446,7 @@ func TestSetxattrCompat(t *testing.T) {
 func fixedReply(tc opCase) bool {
 	switch tc.op {
 	case OpLookup, OpGetattr, OpSetattr, OpSymlink, OpMknod, OpMkdir, OpLink, OpOpen, OpOpendir, OpCreate,
-		OpTmpfile, OpWrite, OpStatfs, OpLseek, OpCopyFileRange, OpStatx, OpGetlk:
+		OpTmpfile, OpWrite, OpStatfs, OpLseek, OpCopyFileRange, OpCopyFileRange64, OpStatx, OpGetlk:
 		return true
 	case OpGetxattr, OpListxattr:
 		return strings.HasSuffix(tc.name, " size")

@@ -38,8 +38,9 @@ const (
 const (
 	KernelVersion = 7
 	// KernelMinor is the newest minor version the server speaks; it
-	// answers min(client, KernelMinor).
-	KernelMinor = 38
+	// answers min(client, KernelMinor). What each minor after 7.38
+	// brought, and what the server does with it: init.go (allowedCaps).
+	KernelMinor = 45
 	// MinKernelMinor is the oldest client minor version accepted.
 	MinKernelMinor = 27
 )
@@ -124,9 +125,10 @@ type Queue struct {
 	sess *session // the session the request is served in (not for INIT)
 	// name and name2 are the request's names (readNames), copies in names.
 	name, name2 []byte
-	// group is the supplementary group the request's extensions carry,
-	// NoGroup without one.
-	group uint32
+	// groups are the supplementary groups the request's extensions
+	// carry (in groupBuf), nil without any.
+	groups   []uint32
+	groupBuf [MaxGroups]uint32
 
 	// rbuf is the out header, then a fixed reply's payload, which the file
 	// system fills in place as a go-fuse struct: [0]uint64 aligns it.
@@ -221,7 +223,7 @@ func (q *Queue) dispatch(op *opcode, in, out *bufvec.Vec) syscall.Errno {
 // a fixed reply payload, which it zeroes.
 func (q *Queue) decode(op *opcode, in, out *bufvec.Vec) syscall.Errno {
 	h := &q.req.InHeader
-	q.group = NoGroup
+	q.groups = nil
 	if int(h.Length) != in.Size() {
 		// The header's length must describe exactly what the chain
 		// holds.

@@ -156,11 +156,30 @@ func TestInitNegotiation(t *testing.T) {
 			wantFlags: base | gofuse.CAP_MAX_PAGES | gofuse.CAP_INIT_EXT | gofuse.CAP_READDIRPLUS | gofuse.CAP_READDIRPLUS_AUTO |
 				gofuse.CAP_SUBMOUNTS,
 			wantFlags2: uint32(gofuse.CAP_DIRECT_IO_ALLOW_MMAP >> 32)},
-		{name: "7.41 Linux 6.12 answered 7.38", major: 7, minor: 41, argSize: 64, flags: kernelInitFlags,
-			flags2:    kernelInitFlags2 | uint32((gofuse.CAP_PASSTHROUGH|gofuse.CAP_HAS_RESEND|gofuse.CAP_ALLOW_IDMAP)>>32),
-			fsCaps:    gofuse.CAP_PASSTHROUGH | gofuse.CAP_ALLOW_IDMAP | gofuse.CAP_HAS_RESEND | gofuse.CAP_POSIX_LOCKS,
-			wantMinor: 38, session: true, wantPages: 256,
-			wantFlags: base | gofuse.CAP_MAX_PAGES | gofuse.CAP_INIT_EXT | gofuse.CAP_POSIX_LOCKS},
+		// 6.12 gets 7.41 and ALLOW_IDMAP, which the server asks for
+		// itself; never PASSTHROUGH, HAS_RESEND, NO_EXPORT_SUPPORT.
+		{name: "7.41 Linux 6.12", major: 7, minor: 41, argSize: 64, flags: kernelInitFlags,
+			flags2: kernelInitFlags2 | uint32((gofuse.CAP_PASSTHROUGH|gofuse.CAP_HAS_RESEND|gofuse.CAP_ALLOW_IDMAP|
+				gofuse.CAP_NO_EXPORT_SUPPORT)>>32),
+			fsCaps:    gofuse.CAP_PASSTHROUGH | gofuse.CAP_HAS_RESEND | gofuse.CAP_NO_EXPORT_SUPPORT | gofuse.CAP_POSIX_LOCKS,
+			wantMinor: 41, session: true, wantPages: 256,
+			wantFlags:  base | gofuse.CAP_MAX_PAGES | gofuse.CAP_INIT_EXT | gofuse.CAP_POSIX_LOCKS,
+			wantFlags2: uint32(gofuse.CAP_ALLOW_IDMAP >> 32)},
+		// 7.2 offers 7.45 and every flag up to REQUEST_TIMEOUT: the
+		// server takes ALLOW_IDMAP only, whatever the file system asks.
+		{name: "7.45 Linux 7.2", major: 7, minor: 45, argSize: 64, flags: kernelInitFlags,
+			flags2: kernelInitFlags2 | uint32((gofuse.CAP_PASSTHROUGH|gofuse.CAP_HAS_RESEND|gofuse.CAP_ALLOW_IDMAP|
+				gofuse.CAP_NO_EXPORT_SUPPORT|gofuse.CAP_OVER_IO_URING|gofuse.CAP_REQUEST_TIMEOUT)>>32),
+			fsCaps: gofuse.CAP_PASSTHROUGH | gofuse.CAP_HAS_RESEND | gofuse.CAP_NO_EXPORT_SUPPORT | gofuse.CAP_OVER_IO_URING |
+				gofuse.CAP_REQUEST_TIMEOUT | gofuse.CAP_DIRECT_IO_ALLOW_MMAP,
+			wantMinor: 45, session: true, wantPages: 256,
+			wantFlags:  base | gofuse.CAP_MAX_PAGES | gofuse.CAP_INIT_EXT,
+			wantFlags2: uint32((gofuse.CAP_ALLOW_IDMAP | gofuse.CAP_DIRECT_IO_ALLOW_MMAP) >> 32)},
+		{name: "7.46 answered 7.45", major: 7, minor: 46, argSize: 64, flags: base,
+			wantMinor: 45, session: true, wantFlags: base},
+		{name: "7.40 offering ALLOW_IDMAP", major: 7, minor: 40, argSize: 64, flags: base | gofuse.CAP_INIT_EXT,
+			flags2: uint32(gofuse.CAP_ALLOW_IDMAP >> 32), wantMinor: 40, session: true, wantFlags: base | gofuse.CAP_INIT_EXT,
+			wantFlags2: uint32(gofuse.CAP_ALLOW_IDMAP >> 32)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFakeFS()

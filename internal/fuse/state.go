@@ -123,10 +123,9 @@ const (
 
 	// restoreOnlyCaps may be in a session a Rust daemon negotiated,
 	// which this server never negotiates itself but serves: IOCTL_DIR
-	// (IOCTL is ENOSYS for directories as for files) and ALLOW_IDMAP
-	// (requests that create nothing then carry uid and gid
-	// FUSE_INVALID_UIDGID, which only ACCESS looks at).
-	restoreOnlyCaps = gofuse.CAP_IOCTL_DIR | gofuse.CAP_ALLOW_IDMAP
+	// (IOCTL is ENOSYS for directories as for files). (ALLOW_IDMAP, once
+	// restore-only, is negotiated since protocol 7.41 was: serverCaps.)
+	restoreOnlyCaps = gofuse.CAP_IOCTL_DIR
 )
 
 // ErrNotMigratable is returned by SaveState and LoadState when the file
@@ -218,9 +217,15 @@ func encodeSession(ss *session) []byte {
 // daemon sends).
 const rustHarmless = gofuse.CAP_EXPORT_SUPPORT | gofuse.CAP_HAS_EXPIRE_ONLY
 
-// warnRust logs what of the session a Rust virtiofsd 1.13 destination
-// would not serve: the stream loads there, but the guest keeps what it
-// negotiated here (POSIX and flock locks: it answers ENOSYS).
+// warnRust logs what of the session a Rust virtiofsd (1.13 or 1.14, both
+// serve 7.38) destination would not serve: the stream loads there, but the
+// guest keeps what it negotiated here (POSIX and flock locks: it answers
+// ENOSYS). A protocol minor above 7.38 is no obstacle: 7.39 to 7.45 changed
+// no request or reply the Rust daemon serves, only added opcodes (STATX,
+// COPY_FILE_RANGE_64), which it answers ENOSYS, and after which Linux falls
+// back (to GETATTR, to COPY_FILE_RANGE), and flags it either negotiates
+// too (ALLOW_IDMAP) or that this server never negotiates; the save logs
+// that at info level.
 func (s *Server) warnRust(ss *session) {
 	if ss == nil {
 		return
@@ -229,15 +234,15 @@ func (s *Server) warnRust(ss *session) {
 	if c := ss.caps &^ (rustSupported | rustOptional | rustHarmless); c != 0 {
 		lacks = append(lacks, "capabilities "+capNames(c))
 	}
-	if ss.minor > rustMinor {
-		lacks = append(lacks, fmt.Sprintf("protocol 7.%d (it speaks 7.%d)", ss.minor, rustMinor))
-	}
 	if ss.maxWrite > rustMaxWrite {
 		lacks = append(lacks, fmt.Sprintf("max_write %d (it refuses requests beyond %d)", ss.maxWrite, rustMaxWrite))
 	}
 	if len(lacks) > 0 {
-		s.log.Warn("FUSE session: a Rust virtiofsd 1.13 destination would not serve "+strings.Join(lacks, ", "),
+		s.log.Warn("FUSE session: a Rust virtiofsd destination would not serve "+strings.Join(lacks, ", "),
 			"flags", ss.caps)
+	}
+	if ss.minor > rustMinor {
+		s.log.Info(fmt.Sprintf("FUSE session at protocol 7.%d: a Rust virtiofsd destination (7.%d) answers COPY_FILE_RANGE_64 and STATX with ENOSYS, and the guest falls back to COPY_FILE_RANGE and GETATTR", ss.minor, rustMinor))
 	}
 }
 

@@ -429,3 +429,47 @@ func TestStateWarnRust(t *testing.T) {
 		}
 	}
 }
+
+// A session at 7.45 with ALLOW_IDMAP (a Linux 7.2 guest) migrates to this
+// daemon keeping both; the destination serves COPY_FILE_RANGE_64 at once.
+func TestStateRoundTrip745(t *testing.T) {
+	m := newMigFS()
+	s := NewServer(m, ServerOptions{}, debugLogger())
+	flags2 := kernelInitFlags2 | uint32((gofuse.CAP_ALLOW_IDMAP|gofuse.CAP_HAS_RESEND|gofuse.CAP_NO_EXPORT_SUPPORT|
+		gofuse.CAP_REQUEST_TIMEOUT)>>32)
+	if r := serve(t, s.Queue(0), initReq(1, 7, 45, kernelInitFlags, flags2, 64), 0, 80, 0); errnoOf(r) != 0 {
+		t.Fatalf("INIT: %d", errnoOf(r))
+	}
+	m.mounted = true
+	want, _ := s.Session()
+	m.negotiated = want.Caps & negotiatedBits
+	if want.Minor != 45 || want.Caps&gofuse.CAP_ALLOW_IDMAP == 0 ||
+		want.Caps&(gofuse.CAP_HAS_RESEND|gofuse.CAP_NO_EXPORT_SUPPORT|gofuse.CAP_REQUEST_TIMEOUT) != 0 {
+		t.Fatalf("source session %+v", want)
+	}
+	b := saveServer(t, s)
+	d := NewServer(newMigFS(), ServerOptions{}, debugLogger())
+	if err := d.LoadState(bytes.NewReader(b)); err != nil {
+		t.Fatalf("LoadState: %v", err)
+	}
+	if got, ok := d.Session(); !ok || got != want {
+		t.Fatalf("restored %+v, want %+v", got, want)
+	}
+	in := argBytes(gofuse.CopyFileRangeIn{FhIn: 1, FhOut: 2, NodeIdOut: 3, Len: 8 << 30}, copyInSize)
+	r := serve(t, d.Queue(0), mkreq(OpCopyFileRange64, 9, in, nil, nil), 0, 16+8, 0)
+	if errnoOf(r) != 0 || len(r) != 24 || binary.LittleEndian.Uint64(r[16:]) != 4096 {
+		t.Fatalf("COPY_FILE_RANGE_64 after the load: % x", r)
+	}
+}
+
+// A session above 7.38 is no obstacle to a Rust destination: the save says
+// at info level what the guest then falls back from, and warns of nothing.
+func TestStateWarnRustMinor(t *testing.T) {
+	var buf bytes.Buffer
+	s := NewServer(newFakeFS(), ServerOptions{}, slog.New(slog.NewTextHandler(&buf, nil)))
+	s.warnRust(&session{minor: 45, caps: linux612Rust, maxWrite: 1 << 20})
+	got := buf.String()
+	if strings.Contains(got, "WARN") || !strings.Contains(got, "COPY_FILE_RANGE_64") || !strings.Contains(got, "7.45") {
+		t.Fatalf("logged %q", got)
+	}
+}

@@ -19,10 +19,10 @@ import (
 //     value, not failure), runs the operation and restores them. If
 //     restoring fails the worker exits without unlocking its thread, so the
 //     Go runtime destroys the thread and a fresh worker replaces it.
-//   - a supplementary group the guest sent with the request
+//   - the supplementary groups the guest sent with the request
 //     (CREATE_SUPP_GROUP: the caller may create in the directory only
-//     through that group) is set for the operation with the raw setgroups
-//     system call, which changes only the calling thread (glibc's and Go's
+//     through one of them; Linux sends one, at most maxGroups are taken)
+//     are set for the operation with the raw setgroups system call, which changes only the calling thread (glibc's and Go's
 //     Setgroups change every thread), and dropped again after it, as the
 //     Rust virtiofsd does. Without it the switched fsuid has no group
 //     access the guest granted (the daemon dropped its own groups at
@@ -53,10 +53,11 @@ type credPool struct {
 
 type credJob struct {
 	uid, gid uint32
-	group    uint32 // supplementary group, noGroup for none
-	umask    int    // -1: 0
-	switchID bool   // switch fsuid/fsgid
-	needCwd  bool   // fn uses the worker's cwd (/proc/self/fd)
+	groups   [maxGroups]uint32 // supplementary groups, the first ngroups
+	ngroups  int
+	umask    int  // -1: 0
+	switchID bool // switch fsuid/fsgid
+	needCwd  bool // fn uses the worker's cwd (/proc/self/fd)
 	fn       func() syscall.Errno
 	done     chan syscall.Errno
 }
@@ -131,7 +132,7 @@ func (p *credPool) do(j *credJob) bool {
 		defer unix.Umask(0)
 	}
 	if j.switchID {
-		grouped := j.group != noGroup && p.setGroup(j.group)
+		grouped := j.ngroups > 0 && p.setGroups(j.groups[:j.ngroups])
 		var prevUID, prevGID int
 		prevUID, prevGID, errno = switchCreds(j.uid, j.gid)
 		if errno == 0 {
@@ -162,17 +163,17 @@ func switchCreds(uid, gid uint32) (prevUID, prevGID int, errno syscall.Errno) {
 	return prevUID, prevGID, 0
 }
 
-// noGroup is internal/fuse.NoGroup: the request carried no supplementary
-// group.
-const noGroup = ^uint32(0)
+// maxGroups is internal/fuse.MaxGroups: the most supplementary groups one
+// creation request carries.
+const maxGroups = 32
 
-// setGroup makes g this thread's only supplementary group. A failure (a
+// setGroups makes gs this thread's supplementary groups. A failure (a
 // user namespace whose setgroups is denied) is logged once; the operation
-// then runs without the group, as it did before the guest could send one.
-func (p *credPool) setGroup(g uint32) bool {
-	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, 1, uintptr(unsafe.Pointer(&g)), 0); e != 0 {
+// then runs without the groups, as it did before the guest could send them.
+func (p *credPool) setGroups(gs []uint32) bool {
+	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, uintptr(len(gs)), uintptr(unsafe.Pointer(&gs[0])), 0); e != 0 {
 		if !p.groupWarned.Swap(true) {
-			p.f.log.Warn("passthrough: cannot set a supplementary group for a creation request; creating without it", "err", e)
+			p.f.log.Warn("passthrough: cannot set supplementary groups for a creation request; creating without them", "err", e)
 		}
 		return false
 	}
@@ -209,24 +210,39 @@ func (p *credPool) restoreCreds(prevUID, prevGID int) bool {
 	return ok
 }
 
-// asCaller runs fn with the caller's fsuid/fsgid, supplementary group
-// (noGroup: none) and umask (umask < 0: none) on a credential worker.
+// asCaller runs fn with the caller's fsuid/fsgid, supplementary groups
+// (nil: none; at most maxGroups, else EINVAL) and umask (umask < 0: none)
+// on a credential worker.
 //
 // When no switch is needed (the caller's ids are the daemon's, or the daemon
 // cannot switch) and no umask applies, fn runs inline: the hand-off to a
 // locked worker thread cost a CREATE more than its syscalls.
 //
-// uid, gid and group are the guest's: with --translate-uid/--translate-gid
+// uid, gid and groups are the guest's: with --translate-uid/--translate-gid
 // they are mapped to host ids first, and a forbidden one fails with EPERM.
-func (f *FS) asCaller(uid, gid, group uint32, umask int, fn func() syscall.Errno) syscall.Errno {
+//
+// A uid or gid FUSE_INVALID_UIDGID is no one's: the caller's ids did not
+// map into the guest's FUSE user namespace (Linux refuses to send such a
+// creation, EOVERFLOW), or the request is one that creates nothing and
+// carries no ids (FUSE_ALLOW_IDMAP). It is never switched to, nor
+// translated: EOVERFLOW, as the guest kernel would answer.
+func (f *FS) asCaller(uid, gid uint32, groups []uint32, umask int, fn func() syscall.Errno) syscall.Errno {
+	if uid == invalidUIDGID || gid == invalidUIDGID {
+		return syscall.EOVERFLOW
+	}
+	if len(groups) > maxGroups {
+		return syscall.EINVAL
+	}
+	var gs [maxGroups]uint32
+	n := copy(gs[:], groups)
 	if f.ids != nil {
 		var errno syscall.Errno
 		if uid, gid, errno = f.ids.toHost(uid, gid); errno != 0 {
 			return errno
 		}
-		if group != noGroup {
+		for i := range n {
 			var ok bool
-			if group, ok = f.ids.gid.ToHost(group); !ok {
+			if gs[i], ok = f.ids.gid.ToHost(gs[i]); !ok {
 				return syscall.EPERM
 			}
 		}
@@ -236,7 +252,7 @@ func (f *FS) asCaller(uid, gid, group uint32, umask int, fn func() syscall.Errno
 		return fn() // the process umask is 0 (New), the fs ids are ours
 	}
 	p.start()
-	j := &credJob{uid: uid, gid: gid, group: group, umask: umask, fn: fn, done: make(chan syscall.Errno, 1)}
+	j := &credJob{uid: uid, gid: gid, groups: gs, ngroups: n, umask: umask, fn: fn, done: make(chan syscall.Errno, 1)}
 	j.switchID = p.switchc
 	select {
 	case p.jobs <- j:
@@ -251,7 +267,7 @@ func (f *FS) asCaller(uid, gid, group uint32, umask int, fn func() syscall.Errno
 func (f *FS) onWorker(fn func() syscall.Errno) syscall.Errno {
 	p := &f.creds
 	p.start()
-	j := &credJob{group: noGroup, umask: -1, needCwd: true, fn: fn, done: make(chan syscall.Errno, 1)}
+	j := &credJob{umask: -1, needCwd: true, fn: fn, done: make(chan syscall.Errno, 1)}
 	select {
 	case p.jobs <- j:
 	case <-p.quit:

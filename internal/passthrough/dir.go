@@ -31,7 +31,7 @@ func (f *FS) dirToChange(node uint64, name []byte) (iref, syscall.Errno) {
 
 // createEntry runs mk (the creating *at call on dir) with the caller's
 // credentials, then looks the new name up, filling out.
-func (f *FS) createEntry(h *gofuse.InHeader, group, umask uint32, name []byte, out *gofuse.EntryOut,
+func (f *FS) createEntry(h *gofuse.InHeader, groups []uint32, umask uint32, name []byte, out *gofuse.EntryOut,
 	mk func(dirfd int, name *byte) syscall.Errno) syscall.Errno {
 	dir, errno := f.dirToChange(h.NodeId, name)
 	if errno != 0 {
@@ -40,29 +40,29 @@ func (f *FS) createEntry(h *gofuse.InHeader, group, umask uint32, name []byte, o
 	defer dir.put()
 	var cn cname
 	p := cn.set(name)
-	errno = f.asCaller(h.Uid, h.Gid, group, f.umaskFor(umask), func() syscall.Errno { return mk(dir.fd, p) })
+	errno = f.asCaller(h.Uid, h.Gid, groups, f.umaskFor(umask), func() syscall.Errno { return mk(dir.fd, p) })
 	if errno != 0 {
 		return errno
 	}
 	return f.lookupName(dir, name, out)
 }
 
-// Mkdir creates a directory (group: see asCaller).
-func (f *FS) Mkdir(in *gofuse.MkdirIn, group uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
-	return f.createEntry(&in.InHeader, group, in.Umask, name, out, func(dirfd int, p *byte) syscall.Errno {
+// Mkdir creates a directory (groups: see asCaller).
+func (f *FS) Mkdir(in *gofuse.MkdirIn, groups []uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
+	return f.createEntry(&in.InHeader, groups, in.Umask, name, out, func(dirfd int, p *byte) syscall.Errno {
 		return sysMkdirat(dirfd, p, in.Mode&0o7777)
 	})
 }
 
 // Mknod creates a special file or a regular file.
-func (f *FS) Mknod(in *gofuse.MknodIn, group uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
-	return f.createEntry(&in.InHeader, group, in.Umask, name, out, func(dirfd int, p *byte) syscall.Errno {
+func (f *FS) Mknod(in *gofuse.MknodIn, groups []uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
+	return f.createEntry(&in.InHeader, groups, in.Umask, name, out, func(dirfd int, p *byte) syscall.Errno {
 		return sysMknodat(dirfd, p, in.Mode, uint64(in.Rdev))
 	})
 }
 
 // Symlink creates name in h.NodeId pointing to target (never followed).
-func (f *FS) Symlink(h *gofuse.InHeader, group uint32, target, name []byte, out *gofuse.EntryOut) syscall.Errno {
+func (f *FS) Symlink(h *gofuse.InHeader, groups []uint32, target, name []byte, out *gofuse.EntryOut) syscall.Errno {
 	if len(target) == 0 || bytes.IndexByte(target, 0) >= 0 {
 		return syscall.EINVAL
 	}
@@ -71,7 +71,7 @@ func (f *FS) Symlink(h *gofuse.InHeader, group uint32, target, name []byte, out 
 	}
 	t := make([]byte, len(target)+1)
 	copy(t, target)
-	return f.createEntry(h, group, 0, name, out, func(dirfd int, p *byte) syscall.Errno {
+	return f.createEntry(h, groups, 0, name, out, func(dirfd int, p *byte) syscall.Errno {
 		return sysSymlinkat(&t[0], dirfd, p)
 	})
 }

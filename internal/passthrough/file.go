@@ -83,7 +83,7 @@ func (f *FS) Open(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno {
 // Create creates and opens name in in.NodeId with O_CREAT|O_EXCL as the
 // caller; an existing file is opened instead (as an OPEN would) unless the
 // guest asked for O_EXCL.
-func (f *FS) Create(in *gofuse.CreateIn, group uint32, name []byte, out *gofuse.CreateOut) syscall.Errno {
+func (f *FS) Create(in *gofuse.CreateIn, groups []uint32, name []byte, out *gofuse.CreateOut) syscall.Errno {
 	dir, errno := f.dirToChange(in.NodeId, name)
 	if errno != 0 {
 		return errno
@@ -91,7 +91,7 @@ func (f *FS) Create(in *gofuse.CreateIn, group uint32, name []byte, out *gofuse.
 	defer dir.put()
 	fl := f.hostOpenFlags(in.Flags)
 	var cn cname
-	fd, errno := f.openAsCaller(in, group, dir.fd, cn.set(name), fl|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW)
+	fd, errno := f.openAsCaller(in, groups, dir.fd, cn.set(name), fl|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW)
 	if errno == syscall.EEXIST && in.Flags&unix.O_EXCL == 0 {
 		return f.createOpenExisting(dir, name, fl, in.OpenFlags, out)
 	}
@@ -179,7 +179,7 @@ func (f *FS) finishCreate(fd int, fl int, dir iref, name []byte, out *gofuse.Cre
 }
 
 // Tmpfile creates an unnamed regular file (O_TMPFILE) in in.NodeId.
-func (f *FS) Tmpfile(in *gofuse.CreateIn, group uint32, out *gofuse.CreateOut) syscall.Errno {
+func (f *FS) Tmpfile(in *gofuse.CreateIn, groups []uint32, out *gofuse.CreateOut) syscall.Errno {
 	dir, errno := f.writableDir(in.NodeId)
 	if errno != 0 {
 		return errno
@@ -190,7 +190,7 @@ func (f *FS) Tmpfile(in *gofuse.CreateIn, group uint32, out *gofuse.CreateOut) s
 		fl |= unix.O_RDWR // O_TMPFILE needs write access
 	}
 	fl |= int(in.Flags) & unix.O_EXCL // with O_TMPFILE: never linkable
-	fd, errno := f.openAsCaller(in, group, dir.fd, &dotPath[0], fl|unix.O_TMPFILE)
+	fd, errno := f.openAsCaller(in, groups, dir.fd, &dotPath[0], fl|unix.O_TMPFILE)
 	if errno != 0 {
 		return errno
 	}
@@ -198,13 +198,13 @@ func (f *FS) Tmpfile(in *gofuse.CreateIn, group uint32, out *gofuse.CreateOut) s
 }
 
 // openAsCaller opens name in dirfd with host flags fl as in's caller (its
-// ids, supplementary group and umask), creating it with in's mode.
+// ids, supplementary groups and umask), creating it with in's mode.
 // Out of fds, it sheds inode fds and tries once more (outOfFDs): the fd is
 // allocated before the name is resolved, so the failed try created nothing.
-func (f *FS) openAsCaller(in *gofuse.CreateIn, group uint32, dirfd int, name *byte, fl int) (int, syscall.Errno) {
+func (f *FS) openAsCaller(in *gofuse.CreateIn, groups []uint32, dirfd int, name *byte, fl int) (int, syscall.Errno) {
 	return f.withFDs(true, func() (int, syscall.Errno) {
 		fd := -1
-		errno := f.asCaller(in.Uid, in.Gid, group, f.umaskFor(in.Umask), func() syscall.Errno {
+		errno := f.asCaller(in.Uid, in.Gid, groups, f.umaskFor(in.Umask), func() syscall.Errno {
 			var e syscall.Errno
 			fd, e = sysOpenat(dirfd, name, fl, in.Mode&0o7777)
 			return e
@@ -377,31 +377,4 @@ func (f *FS) Lseek(in *gofuse.LseekIn, out *gofuse.LseekOut) syscall.Errno {
 	}
 	out.Offset = uint64(off)
 	return 0
-}
-
-// CopyFileRange copies between two file handles with copy_file_range.
-func (f *FS) CopyFileRange(in *gofuse.CopyFileRangeIn) (uint32, syscall.Errno) {
-	if f.opts.ReadOnly {
-		return 0, syscall.EROFS
-	}
-	hin, errno := f.fileHandle(in.FhIn, in.NodeId)
-	if errno != 0 {
-		return 0, errno
-	}
-	defer hin.put()
-	hout, errno := f.fileHandle(in.FhOut, in.NodeIdOut)
-	if errno != 0 {
-		return 0, errno
-	}
-	defer hout.put()
-	offIn, offOut := int64(in.OffIn), int64(in.OffOut)
-	if offIn < 0 || offOut < 0 {
-		return 0, syscall.EINVAL
-	}
-	n := min(in.Len, 1<<30) // the reply carries a 32-bit size
-	got, err := unix.CopyFileRange(hin.fd, &offIn, hout.fd, &offOut, int(n), int(in.Flags))
-	if err != nil {
-		return 0, toErrno(err)
-	}
-	return uint32(got), 0
 }

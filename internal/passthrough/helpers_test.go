@@ -254,3 +254,6 @@ func (c *countingLog) count(s string) int {
 	}
 	return n
 }
+
+// noGroup is the groups argument of a creation request that carried none.
+var noGroup []uint32

@@ -444,7 +444,7 @@ func checkStale(t *testing.T, f *testFS, u, fh, gone, keep uint64) {
 		"fallocate": func() syscall.Errno { return f.Fallocate(&gofuse.FallocateIn{InHeader: h(u), Fh: fh, Length: 1}) },
 		"lseek":     func() syscall.Errno { return f.Lseek(&gofuse.LseekIn{InHeader: h(u), Fh: fh}, &lo) },
 		"copy_file_range": func() syscall.Errno {
-			_, e := f.CopyFileRange(&gofuse.CopyFileRangeIn{InHeader: h(u), FhIn: fh, NodeIdOut: u, FhOut: fh, Len: 1})
+			_, e := f.CopyFileRange(&gofuse.CopyFileRangeIn{InHeader: h(u), FhIn: fh, NodeIdOut: u, FhOut: fh, Len: 1}, ^uint64(0))
 			return e
 		},
 		"statfs": func() syscall.Errno { return f.StatFs(hdr(u), &so) },

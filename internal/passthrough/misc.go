@@ -43,10 +43,11 @@ func (f *FS) Access(in *gofuse.AccessIn) syscall.Errno {
 	if mask == 0 {
 		return 0
 	}
-	if in.Uid == invalidUIDGID {
-		// With FUSE_ALLOW_IDMAP (a session the Rust virtiofsd
-		// negotiated) only creation requests carry the caller's ids;
-		// the guest's default_permissions already checked this one.
+	if in.Uid == invalidUIDGID || in.Gid == invalidUIDGID {
+		// With FUSE_ALLOW_IDMAP only creation requests carry the
+		// caller's ids; the guest's default_permissions (always on for
+		// virtio-fs) already checked this one. The id is no one's: it
+		// is neither compared with the file's owner nor translated.
 		return 0
 	}
 	uid, gid, mode := in.Uid, in.Gid, st.Mode

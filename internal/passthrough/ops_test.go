@@ -892,7 +892,7 @@ func TestMiscOps(t *testing.T) {
 		t.Fatal(errno)
 	}
 	c := tf.create(rootID, "copy", unix.O_RDWR, 0o644)
-	n, errno := tf.CopyFileRange(&gofuse.CopyFileRangeIn{InHeader: *hdr(e.NodeId), FhIn: fh, OffIn: 1 << 20, NodeIdOut: c.NodeId, FhOut: c.Fh, OffOut: 10, Len: 1})
+	n, errno := tf.CopyFileRange(&gofuse.CopyFileRangeIn{InHeader: *hdr(e.NodeId), FhIn: fh, OffIn: 1 << 20, NodeIdOut: c.NodeId, FhOut: c.Fh, OffOut: 10, Len: 1}, ^uint64(0))
 	if errno != 0 || n != 1 {
 		t.Fatalf("copy_file_range %d %v", n, errno)
 	}
@@ -1249,7 +1249,7 @@ func TestCreateSuppGroup(t *testing.T) {
 	g := tf.lookup(rootID, "g").NodeId
 	var eo gofuse.EntryOut
 	var co gofuse.CreateOut
-	mkdir := func(name string, group uint32) syscall.Errno {
+	mkdir := func(name string, group []uint32) syscall.Errno {
 		return tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdrAs(g, 1000, 1000), Mode: 0o755}, group, []byte(name), &eo)
 	}
 	for range 2 * tf.creds.workers {
@@ -1259,7 +1259,7 @@ func TestCreateSuppGroup(t *testing.T) {
 	}
 	for k := range 2 * tf.creds.workers {
 		name := fmt.Sprint("d", k)
-		if errno := mkdir(name, 4242); errno != 0 {
+		if errno := mkdir(name, []uint32{4242}); errno != 0 {
 			t.Fatalf("mkdir through the group: %v", errno)
 		}
 		if st := statHost(t, tf.path("g/"+name)); st.Uid != 1000 || st.Gid != 1000 {
@@ -1269,17 +1269,17 @@ func TestCreateSuppGroup(t *testing.T) {
 			t.Fatalf("mkdir without the group after one with it: %v, want EACCES", errno)
 		}
 	}
-	if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdrAs(g, 1000, 1000), Flags: unix.O_RDWR, Mode: 0o644}, 4242, []byte("f"), &co); errno != 0 {
+	if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdrAs(g, 1000, 1000), Flags: unix.O_RDWR, Mode: 0o644}, []uint32{4242}, []byte("f"), &co); errno != 0 {
 		t.Fatalf("create through the group: %v", errno)
 	}
 	tf.release(co.NodeId, co.Fh)
-	if errno := tf.Symlink(hdrAs(g, 1000, 1000), 4242, []byte("t"), []byte("s"), &eo); errno != 0 {
+	if errno := tf.Symlink(hdrAs(g, 1000, 1000), []uint32{4242}, []byte("t"), []byte("s"), &eo); errno != 0 {
 		t.Fatalf("symlink through the group: %v", errno)
 	}
-	if errno := tf.Mknod(&gofuse.MknodIn{InHeader: *hdrAs(g, 1000, 1000), Mode: unix.S_IFIFO | 0o644}, 4242, []byte("p"), &eo); errno != 0 {
+	if errno := tf.Mknod(&gofuse.MknodIn{InHeader: *hdrAs(g, 1000, 1000), Mode: unix.S_IFIFO | 0o644}, []uint32{4242}, []byte("p"), &eo); errno != 0 {
 		t.Fatalf("mknod through the group: %v", errno)
 	}
-	if errno := tf.Tmpfile(&gofuse.CreateIn{InHeader: *hdrAs(g, 1000, 1000), Flags: unix.O_RDWR, Mode: 0o600}, 4242, &co); errno != 0 {
+	if errno := tf.Tmpfile(&gofuse.CreateIn{InHeader: *hdrAs(g, 1000, 1000), Flags: unix.O_RDWR, Mode: 0o600}, []uint32{4242}, &co); errno != 0 {
 		t.Fatalf("tmpfile through the group: %v", errno)
 	}
 	tf.release(co.NodeId, co.Fh)
