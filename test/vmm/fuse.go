@@ -69,7 +69,14 @@ const (
 	OpSyncfs        = 50
 	OpTmpfile       = 51
 	OpStatx         = 52
+	// OpCopyFileRange64 (7.45) takes COPY_FILE_RANGE's arguments and
+	// answers fuse_copy_file_range_out { u64 bytes_copied }.
+	OpCopyFileRange64 = 53
 )
+
+// InvalidUIDGID is FUSE_INVALID_UIDGID: the uid and gid of a request that
+// creates nothing once FUSE_ALLOW_IDMAP is negotiated.
+const InvalidUIDGID = ^uint32(0)
 
 // RootID is the FUSE node id of the root directory.
 const RootID = 1
@@ -109,7 +116,25 @@ const (
 	InitSecurityCtx       = 1 << 32
 	InitHasInodeDax       = 1 << 33
 	InitCreateSuppGroup   = 1 << 34
+	InitHasExpireOnly     = 1 << 35
+	InitDirectIOAllowMmap = 1 << 36
+	InitPassthrough       = 1 << 37
+	InitNoExportSupport   = 1 << 38
+	InitHasResend         = 1 << 39
+	InitAllowIdmap        = 1 << 40
+	InitOverIOURing       = 1 << 41
+	InitRequestTimeout    = 1 << 42
 )
+
+// Linux72InitFlags is what Linux 7.2 offers on a virtiofs mount (FUSE
+// 7.45): 6.1's, then what 6.2 to 7.2 added (CREATE_SUPP_GROUP,
+// HAS_EXPIRE_ONLY, DIRECT_IO_ALLOW_MMAP, NO_EXPORT_SUPPORT, HAS_RESEND,
+// ALLOW_IDMAP, REQUEST_TIMEOUT).
+const Linux72InitFlags = LinuxInitFlags | InitCreateSuppGroup | InitHasExpireOnly | InitDirectIOAllowMmap |
+	InitNoExportSupport | InitHasResend | InitAllowIdmap | InitRequestTimeout
+
+// Linux72Minor is the protocol minor Linux 7.2 speaks.
+const Linux72Minor = 45
 
 // LinuxInitFlags is what Linux 6.1's fuse_send_init offers on a virtiofs
 // mount (no DAX; virtiofs sets auto_submounts).
@@ -224,7 +249,8 @@ type InitOut struct {
 	CongestionThreshold        uint16
 	MaxWrite, TimeGran         uint32
 	MaxPages, MapAlignment     uint16
-	Size                       int // bytes of the reply body
+	RequestTimeout             uint16 // seconds, with InitRequestTimeout (7.43)
+	Size                       int    // bytes of the reply body
 }
 
 // ParseInitOut decodes a fuse_init_out body (24 bytes for very old servers,
@@ -246,6 +272,7 @@ func ParseInitOut(b []byte) (*InitOut, error) {
 		o.MaxPages = le.Uint16(b[28:])
 		o.MapAlignment = le.Uint16(b[30:])
 		o.Flags |= uint64(le.Uint32(b[32:])) << 32
+		o.RequestTimeout = le.Uint16(b[40:])
 	}
 	return o, nil
 }
@@ -330,8 +357,20 @@ func (s *Session) Header(op uint32, nodeid uint64) InHeader {
 // READDIR, READDIRPLUS), checks the reply header, and returns the body.
 // A FUSE error is returned as *FuseError.
 func (s *Session) Call(op uint32, nodeid uint64, args, data []byte, outArgs int) ([]byte, error) {
+	return s.CallExt(op, nodeid, args, nil, data, outArgs)
+}
+
+// CallExt is Call with request extensions (7.38): ext, a whole number of
+// 8-byte units (fuse_ext_header and body each), follows args and the
+// header's total_extlen counts it. A request with extensions has no data
+// pages (the extensions would have to follow them).
+func (s *Session) CallExt(op uint32, nodeid uint64, args, ext, data []byte, outArgs int) ([]byte, error) {
 	h := s.Header(op, nodeid)
-	in := BuildRequest(h, len(data), args)
+	if len(ext)%8 != 0 || len(ext)/8 > 0xffff || len(ext) > 0 && len(data) > 0 {
+		return nil, fmt.Errorf("vmm: request extensions of %d bytes", len(ext))
+	}
+	h.TotalExtlen = uint16(len(ext) / 8)
+	in := BuildRequest(h, len(data), append(append([]byte(nil), args...), ext...))
 	reply, err := s.Dev.Do(s.Queue, in, data, FuseOutHeaderSize+outArgs)
 	if err != nil {
 		return nil, err
@@ -353,6 +392,19 @@ func (s *Session) Call(op uint32, nodeid uint64, args, data []byte, outArgs int)
 		return nil, &FuseError{op, syscall.Errno(-oh.Error)}
 	}
 	return body, nil
+}
+
+// ExtGroups is a FUSE_EXT_GROUPS request extension (type 32) carrying
+// groups, padded to 8 bytes.
+func ExtGroups(groups ...uint32) []byte {
+	n := (8 + 4 + 4*len(groups) + 7) &^ 7
+	b := le.AppendUint32(nil, uint32(n))
+	b = le.AppendUint32(b, 32)
+	b = le.AppendUint32(b, uint32(len(groups)))
+	for _, g := range groups {
+		b = le.AppendUint32(b, g)
+	}
+	return append(b, make([]byte, n-len(b))...)
 }
 
 // Init sends FUSE_INIT (major 7, the given minor and flags).
