@@ -12,6 +12,17 @@
 //   fsops seek PATH data|hole OFFSET        lseek SEEK_DATA / SEEK_HOLE
 //   fsops falloc PATH MODE OFFSET LEN       fallocate; MODE: 0, keep, punch, zero
 //   fsops copy SRC OFF DST OFF LEN          copy_file_range (loops to LEN or EOF)
+//   fsops copyonce SRC DST LEN              one copy_file_range of LEN bytes from offset 0 to
+//                                           offset 0 (DST created): the count it returned
+//   fsops idmap SRC DST ID                  an idmapped bind mount of SRC (a directory owned by
+//                                           ID:ID, which root may then write) on DST: a user
+//                                           namespace mapping ID to 0 (uid_map and gid_map
+//                                           "ID 0 1"), open_tree(OPEN_TREE_CLONE),
+//                                           mount_setattr(MOUNT_ATTR_IDMAP), move_mount; then, as
+//                                           root, creates DST/idmap-file and DST/idmap-dir and
+//                                           prints "ok mnt=U:G src=U:G" (owner of idmap-file
+//                                           through DST, and through SRC: 0:0 and ID:ID), or the
+//                                           errno name of the failed call
 //   fsops syncfs PATH                       syncfs on an fd of PATH
 //   fsops fsync PATH                        fsync + fdatasync
 //   fsops tmpfile DIR LINK DATA             O_TMPFILE in DIR, write DATA, linkat to LINK
@@ -57,6 +68,10 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/falloc.h>
+#include <linux/mount.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <linux/stat.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -180,6 +195,117 @@ static int do_copy(char **a) {
 		left -= n;
 	}
 	printf("%lld\n", done);
+	return 0;
+}
+
+static int do_copyonce(char **a) {
+	int in = open(a[0], O_RDONLY);
+	if (in < 0)
+		return fail();
+	int out = open(a[1], O_WRONLY | O_CREAT, 0644);
+	if (out < 0)
+		return fail();
+	loff_t oin = 0, oout = 0;
+	ssize_t n = copy_file_range(in, &oin, out, &oout, (size_t)num(a[2]), 0);
+	if (n < 0)
+		return fail();
+	printf("%lld\n", (long long)n);
+	return 0;
+}
+
+// writemap writes "ID 0 1" to /proc/PID/FILE.
+static int writemap(pid_t pid, const char *file, const char *id) {
+	char path[64], line[64];
+	snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, file);
+	int fd = open(path, O_WRONLY);
+	if (fd < 0)
+		return -1;
+	int n = snprintf(line, sizeof line, "%s 0 1\n", id);
+	int r = write(fd, line, n) == n ? 0 : -1;
+	close(fd);
+	return r;
+}
+
+static int do_idmap(char **a) {
+	int p[2];
+	if (pipe(p) < 0)
+		return fail();
+	pid_t pid = fork();
+	if (pid < 0)
+		return fail();
+	if (pid == 0) {
+		// The child holds a new user namespace until the parent closes
+		// the pipe.
+		char c;
+		close(p[1]);
+		if (unshare(CLONE_NEWUSER) < 0)
+			_exit(1);
+		(void)read(p[0], &c, 1);
+		_exit(0);
+	}
+	close(p[0]);
+	char nspath[64];
+	snprintf(nspath, sizeof nspath, "/proc/%d/ns/user", (int)pid);
+	int userns = -1, err = 0;
+	const char *what = "";
+	// Wait until the child is in its namespace (the link changes).
+	char self[64] = "", cur[64] = "";
+	readlink("/proc/self/ns/user", self, sizeof self - 1);
+	for (int i = 0; i < 1000; i++) {
+		memset(cur, 0, sizeof cur);
+		if (readlink(nspath, cur, sizeof cur - 1) > 0 && strcmp(cur, self) != 0)
+			break;
+		usleep(1000);
+	}
+	if (writemap(pid, "uid_map", a[2]) < 0) {
+		err = errno, what = "uid_map";
+	} else if (writemap(pid, "gid_map", a[2]) < 0) {
+		err = errno, what = "gid_map";
+	} else if ((userns = open(nspath, O_RDONLY | O_CLOEXEC)) < 0) {
+		err = errno, what = "userns";
+	}
+	close(p[1]);
+	waitpid(pid, NULL, 0);
+	if (err) {
+		printf("%s %s\n", what, ename(err));
+		return 0;
+	}
+	int tree = syscall(SYS_open_tree, AT_FDCWD, a[0], OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+	if (tree < 0) {
+		printf("open_tree %s\n", ename(errno));
+		return 0;
+	}
+	struct mount_attr attr = {.attr_set = MOUNT_ATTR_IDMAP, .userns_fd = (uint64_t)userns};
+	if (syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0) {
+		printf("mount_setattr %s\n", ename(errno));
+		return 0;
+	}
+	if (syscall(SYS_move_mount, tree, "", AT_FDCWD, a[1], MOVE_MOUNT_F_EMPTY_PATH) < 0) {
+		printf("move_mount %s\n", ename(errno));
+		return 0;
+	}
+	char f[4096], d[4096], s[4096];
+	snprintf(f, sizeof f, "%s/idmap-file", a[1]);
+	snprintf(d, sizeof d, "%s/idmap-dir", a[1]);
+	snprintf(s, sizeof s, "%s/idmap-file", a[0]);
+	int fd = open(f, O_WRONLY | O_CREAT | O_EXCL, 0644);
+	if (fd < 0) {
+		printf("create %s\n", ename(errno));
+		return 0;
+	}
+	if (write(fd, "idmap\n", 6) != 6) {
+		printf("write %s\n", ename(errno));
+		return 0;
+	}
+	close(fd);
+	if (mkdir(d, 0755) < 0) {
+		printf("mkdir %s\n", ename(errno));
+		return 0;
+	}
+	struct stat mst, sst;
+	if (stat(f, &mst) < 0 || stat(s, &sst) < 0)
+		return fail();
+	printf("ok mnt=%u:%u src=%u:%u\n", mst.st_uid, mst.st_gid, sst.st_uid, sst.st_gid);
 	return 0;
 }
 
@@ -803,6 +929,8 @@ int main(int argc, char **argv) {
 	CMD("seek", 3, do_seek(a));
 	CMD("falloc", 4, do_falloc(a));
 	CMD("copy", 5, do_copy(a));
+	CMD("copyonce", 3, do_copyonce(a));
+	CMD("idmap", 3, do_idmap(a));
 	CMD("syncfs", 1, do_syncfs(a));
 	CMD("fsync", 1, do_fsync(a));
 	CMD("tmpfile", 3, do_tmpfile(a));
