@@ -22,8 +22,9 @@ import (
 //   - the supplementary groups the guest sent with the request
 //     (CREATE_SUPP_GROUP: the caller may create in the directory only
 //     through one of them; Linux sends one, at most maxGroups are taken)
-//     are set for the operation with the raw setgroups system call, which changes only the calling thread (glibc's and Go's
-//     Setgroups change every thread), and dropped again after it, as the
+//     are set for the operation with the raw setgroups system call, which
+//     changes only the calling thread (glibc's and Go's Setgroups change
+//     every thread), and dropped again after it, as the
 //     Rust virtiofsd does. Without it the switched fsuid has no group
 //     access the guest granted (the daemon dropped its own groups at
 //     start, CVE-2022-0358).
