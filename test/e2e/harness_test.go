@@ -85,10 +85,45 @@ var (
 	kernelsErr  error
 )
 
-// guestKernels runs guest.sh once per test binary (fast when its cache is warm)
-// and returns the kernels it prepared, filtered by GOVIRTIOFSD_E2E_KERNELS
-// (comma-separated prefixes of `uname -r`, e.g. "6.1.,6.12.").
+// guestKernels returns the Linux 6.x kernels allGuestKernels prepared: the
+// ones the tests on QEMU 7.2 and 10 boot (forEachKernel, newestKernelAtLeast).
+// Linux 7.x runs only in the tests that ask for it (newestKernel7, on QEMU
+// 11): adding it here would add a boot to every test of the 6.x matrix.
 func guestKernels(t *testing.T) []guestKernel {
+	t.Helper()
+	var ks []guestKernel
+	for _, k := range allGuestKernels(t) {
+		if !kernelAtLeast(k.Version, 7, 0) {
+			ks = append(ks, k)
+		}
+	}
+	if len(ks) == 0 {
+		t.Skip("no Linux 6.x guest kernel prepared (see GOVIRTIOFSD_E2E_KERNELS)")
+	}
+	return ks
+}
+
+// newestKernel7 returns the newest prepared Linux 7.x guest kernel (guest.sh
+// series 7, from Debian sid), or skips the test.
+func newestKernel7(t *testing.T) guestKernel {
+	t.Helper()
+	var k guestKernel
+	for _, gk := range allGuestKernels(t) {
+		if kernelAtLeast(gk.Version, 7, 0) && !kernelAtLeast(gk.Version, 8, 0) {
+			k = gk
+		}
+	}
+	if k.Version == "" {
+		t.Skip("no Linux 7.x guest kernel prepared (guest.sh series 7; see GOVIRTIOFSD_E2E_KERNELS)")
+	}
+	return k
+}
+
+// allGuestKernels runs guest.sh once per test binary (fast when its cache is
+// warm) and returns the kernels it prepared, filtered by
+// GOVIRTIOFSD_E2E_KERNELS (comma-separated prefixes of `uname -r`, e.g.
+// "6.1.,6.12.,7.").
+func allGuestKernels(t *testing.T) []guestKernel {
 	t.Helper()
 	kernelsOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
