@@ -254,6 +254,7 @@ func peersBin(t *testing.T, name string) string {
 
 const (
 	qemu10Wrapper  = "qemu-system-x86_64-10"
+	qemu11Wrapper  = "qemu-system-x86_64-11"
 	rustDaemonName = "virtiofsd-rust"
 	rust114Name    = "virtiofsd-rust-1.14"
 )
@@ -536,11 +537,17 @@ const (
 	// qemu10 is QEMU 10.x from bookworm-backports, through test/peers.sh's
 	// wrapper (make test-deps): needed for live migration (QEMU >= 8.2).
 	qemu10
+	// qemu11 is QEMU 11.x from sid with its own libraries, through
+	// test/peers.sh's wrapper (make test-deps); it runs the Linux 7.x guest.
+	qemu11
 )
 
 func (q qemuVersion) String() string {
-	if q == qemu10 {
+	switch q {
+	case qemu10:
 		return "QEMU 10"
+	case qemu11:
+		return "QEMU 11"
 	}
 	return "QEMU 7.2"
 }
@@ -549,8 +556,11 @@ func (q qemuVersion) String() string {
 // test-deps.
 func (q qemuVersion) binary(t *testing.T) string {
 	t.Helper()
-	if q == qemu10 {
+	switch q {
+	case qemu10:
 		return peersBin(t, qemu10Wrapper)
+	case qemu11:
+		return peersBin(t, qemu11Wrapper)
 	}
 	return "qemu-system-x86_64"
 }
@@ -641,8 +651,8 @@ func startVM(t *testing.T, dir string, cfg vmConfig) *vm {
 	}
 	devOpts := cfg.DeviceOpts
 	if cfg.Packed {
-		if cfg.QEMU != qemu10 {
-			t.Fatalf("vmConfig.Packed: packed virtqueues are tested under QEMU 10 only (set QEMU: qemu10)")
+		if cfg.QEMU != qemu10 && cfg.QEMU != qemu11 {
+			t.Fatalf("vmConfig.Packed: packed virtqueues are tested under QEMU 10 and 11 only (set QEMU: qemu10 or qemu11)")
 		}
 		devOpts = append(slices.Clone(devOpts), "packed=on")
 	}

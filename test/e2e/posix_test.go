@@ -63,6 +63,11 @@ var intendedDifferences = map[string]intendedDifference{
 	},
 }
 
+// intendedDifferencesRust: as intendedDifferences, when the other daemon
+// of the side by side is the Rust virtiofsd (TestQEMU11's posix subtest;
+// Reference is then the Rust daemon's value).
+var intendedDifferencesRust = map[string]intendedDifference{}
+
 // KnownFailures: checks that fail with our daemon because of a daemon bug
 // reported to the lead. Keys are E2E-RESULT keys (guest checks and the
 // side-by-side comparison), "host.NAME" (host-side checks) or "log.NAME"
@@ -132,6 +137,7 @@ func requireReference(t *testing.T) {
 // posixRun is one run of posix.sh against one daemon.
 type posixRun struct {
 	kind     daemonKind
+	peer     daemonKind // the other daemon of the side by side (refDaemon unless set)
 	kernel   guestKernel
 	env      *env
 	vm       *vm
@@ -243,9 +249,14 @@ func known(t *testing.T, kind daemonKind, key, what string) bool {
 	return false
 }
 
-// intendedFor returns the intended difference for key on kernel k.
-func intendedFor(key string, k guestKernel) (intendedDifference, bool) {
-	d, ok := intendedDifferences[key]
+// intendedFor returns the intended difference for key on kernel k when the
+// other daemon is peer (ourDaemon, the zero value, stands for refDaemon).
+func intendedFor(key string, k guestKernel, peer daemonKind) (intendedDifference, bool) {
+	m := intendedDifferences
+	if peer == rustDaemon || peer == rust114Daemon {
+		m = intendedDifferencesRust
+	}
+	d, ok := m[key]
 	if !ok {
 		return d, false
 	}
@@ -285,9 +296,13 @@ func checkGuest(t *testing.T, r *posixRun) {
 				continue
 			}
 			key, got := m[1], r.results[m[1]]
-			if d, ok := intendedFor(key, r.kernel); ok {
+			peer := r.peer
+			if r.kind != ourDaemon {
+				peer = r.kind
+			}
+			if d, ok := intendedFor(key, r.kernel, peer); ok {
 				want := d.Ours
-				if r.kind == refDaemon {
+				if r.kind != ourDaemon {
 					want = d.Reference
 				}
 				if got == want {
@@ -340,7 +355,7 @@ func comparePosix(t *testing.T, k guestKernel, ours, ref *posixRun) {
 	for _, key := range sorted {
 		o, okO := ours.results[key]
 		r, okR := ref.results[key]
-		d, isIntended := intendedFor(key, k)
+		d, isIntended := intendedFor(key, k, ref.kind)
 		if okO && okR && o == r {
 			matched++
 			if isIntended {
@@ -484,17 +499,31 @@ func checkBudgetLog(t *testing.T, r *posixRun, budget int) {
 // share says what both daemons serve (and with share.budget, ours's
 // log also gets checkBudgetLog).
 func posixSideBySide(t *testing.T, k guestKernel, base vmConfig, share posixShare) {
+	posixSideBySideWith(t, refDaemon, k, base, share)
+}
+
+// posixSideBySideWith is posixSideBySide with peer (refDaemon or a Rust
+// daemon) as the other daemon; its subtest is named "reference" for the C
+// daemon, "rust" or "rust-1.14" for the Rust daemons.
+func posixSideBySideWith(t *testing.T, peer daemonKind, k guestKernel, base vmConfig, share posixShare) {
 	var ref, ours *posixRun
+	peerName := "reference"
+	switch peer {
+	case rustDaemon:
+		peerName = "rust"
+	case rust114Daemon:
+		peerName = "rust-1.14"
+	}
 	// With GOVIRTIOFSD_E2E_FULL=1 (10,000 guest-made files: ~3 min a
 	// run) both runs boot at the same time; the guests wait on FUSE
 	// round trips most of the time, so this nearly halves the wall
 	// time, at the price of noisier timings.
 	t.Run("runs", func(t *testing.T) {
-		t.Run("reference", func(t *testing.T) {
+		t.Run(peerName, func(t *testing.T) {
 			if fullE2E() || share.parallel {
 				t.Parallel()
 			}
-			ref = runPosix(t, refDaemon, k, base, share)
+			ref = runPosix(t, peer, k, base, share)
 			checkGuest(t, ref)
 			checkHost(t, ref)
 		})
@@ -503,6 +532,7 @@ func posixSideBySide(t *testing.T, k guestKernel, base vmConfig, share posixShar
 				t.Parallel()
 			}
 			r := runPosix(t, ourDaemon, k, base, share)
+			r.peer = peer
 			if base.Packed {
 				requirePacked(t, r.vm.consoleLines(), 1)
 			}
