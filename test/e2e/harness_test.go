@@ -1293,7 +1293,13 @@ type qemuTraceEvent struct {
 	Name, Args string
 }
 
-var reTraceLine = regexp.MustCompile(`^\d+@(\d+)\.(\d{6}):(\S+) ?(.*)$`)
+// reTraceLine is QEMU 7.2 and 10's log trace line (PID@SECONDS.USEC:NAME
+// ARGS); reTraceLineISO is QEMU 11's (-msg timestamp=on: an RFC 3339 UTC
+// time, a space, NAME ARGS).
+var (
+	reTraceLine    = regexp.MustCompile(`^\d+@(\d+)\.(\d{6}):(\S+) ?(.*)$`)
+	reTraceLineISO = regexp.MustCompile(`^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z) (\S+) ?(.*)$`)
+)
 
 // readQEMUTrace parses a trace log; lines without a timestamp are skipped.
 func readQEMUTrace(t *testing.T, path string) []qemuTraceEvent {
@@ -1306,6 +1312,11 @@ func readQEMUTrace(t *testing.T, path string) []qemuTraceEvent {
 	for _, l := range strings.Split(string(data), "\n") {
 		m := reTraceLine.FindStringSubmatch(l)
 		if m == nil {
+			if m := reTraceLineISO.FindStringSubmatch(l); m != nil {
+				if at, err := time.Parse(time.RFC3339Nano, m[1]); err == nil {
+					out = append(out, qemuTraceEvent{At: at, Name: m[2], Args: m[3]})
+				}
+			}
 			continue
 		}
 		sec, _ := strconv.ParseInt(m[1], 10, 64)
