@@ -4,10 +4,12 @@
 #   make deps       Debian packages the build and the tests need (root)
 #   make test-deps  deps, then the peers the tests also run against, fetched
 #                   into .cache/peers without touching the system (test/peers.sh:
-#                   QEMU 10.x from bookworm-backports, the Rust virtiofsd 1.13.x
-#                   from trixie, private apt state; ~10 s once, then a stamp
-#                   check). Wrappers: .cache/peers/bin/qemu-system-x86_64-10 and
-#                   .cache/peers/bin/virtiofsd-rust. A prerequisite of test, e2e,
+#                   QEMU 10.x from bookworm-backports, QEMU 11.x from sid with
+#                   its library closure, the Rust virtiofsd 1.13.x from trixie
+#                   and 1.14.x from sid, private apt state; ~40 s and ~410 MB
+#                   once, then a stamp check). Wrappers: .cache/peers/bin/
+#                   qemu-system-x86_64-10, qemu-system-x86_64-11, virtiofsd-rust
+#                   and virtiofsd-rust-1.14. A prerequisite of test, e2e,
 #                   e2e-full, bench, bench-guest and soak (not of make/build);
 #                   PEERS_REFRESH=1 asks the mirror again for newer point releases
 #   make test       everything CI runs: vet, unit + integration (-race,
@@ -70,7 +72,8 @@ deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
 
-# test-deps: QEMU 10 and the Rust virtiofsd for the tests (test/peers.sh).
+# test-deps: QEMU 10 and 11 and the Rust virtiofsd 1.13 and 1.14 for the tests
+# (test/peers.sh).
 test-deps: deps
 	test/peers.sh
 

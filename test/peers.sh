@@ -1,8 +1,8 @@
 #!/bin/bash
 # Fetches the peers the tests run against besides Debian 12's QEMU 7.2:
-# QEMU 10.x (bookworm-backports), the Rust virtiofsd 1.13.x (trixie) and
-# 1.14.x (sid), into the project's cache, without touching the system
-# (DESIGN.md §9).
+# QEMU 10.x (bookworm-backports), QEMU 11.x (sid), the Rust virtiofsd 1.13.x
+# (trixie) and 1.14.x (sid), into the project's cache, without touching the
+# system (DESIGN.md §9, §12).
 #
 # Usage (as root; `make test-deps` runs it):
 #   test/peers.sh           fetch once, then only check the stamp (no network)
@@ -16,9 +16,14 @@
 # never touched: apt runs with a private state under $PEERS_CACHE/apt (a
 # sources file naming the mirror the system already uses, with the suites
 # trixie, bookworm-backports and sid, its own lists and cache, no dpkg
-# status), and the packages are only unpacked (dpkg-deb -x) into
+# status; test/apt-private.sh, which test/e2e/guest.sh also uses for sid's
+# Linux 7.x), and the packages are only unpacked (dpkg-deb -x) into
 # $PEERS_CACHE/root (sid's virtiofsd into $PEERS_CACHE/root/rust-1.14: it
 # runs with trixie's libraries, which meet its needs, glibc >= 2.39).
+# QEMU 11 needs sid's libraries: apt resolves the whole closure of
+# qemu-system-x86/sid against an empty dpkg status (libc6 and its loader
+# included, ~70 packages) and it is unpacked apart, into
+# $PEERS_CACHE/root-11.
 #
 # It leaves two wrappers the tests use:
 #   $PEERS_CACHE/bin/qemu-system-x86_64-10   QEMU 10 in a private mount
@@ -27,6 +32,10 @@
 #       path whatever QEMU_MODULE_DIR says), with QEMU 10's firmware first
 #       (-L). It uses the system's shared libraries: QEMU 7.2 must be
 #       installed (make deps).
+#   $PEERS_CACHE/bin/qemu-system-x86_64-11   QEMU 11 run by sid's loader
+#       with sid's libraries (--library-path), in a private mount namespace
+#       whose /usr/lib/x86_64-linux-gnu/qemu is QEMU 11's module folder, with
+#       sid's firmware (-L). Needs nothing from the system but a kernel.
 #   $PEERS_CACHE/bin/virtiofsd-rust          the Rust virtiofsd 1.13 through
 #       trixie's loader and libraries (it needs glibc >= 2.39)
 #   $PEERS_CACHE/bin/virtiofsd-rust-1.14     the Rust virtiofsd 1.14 (sid)
@@ -50,6 +59,9 @@ RUST_SUITE=trixie
 RUST_VERSION_RE='^1\.13\.'
 RUST14_SUITE=sid
 RUST14_VERSION_RE='^1\.14\.'
+QEMU11_PKG=qemu-system-x86
+QEMU11_SUITE=sid
+QEMU11_VERSION_RE='^1:11\.'
 
 log() { echo "peers.sh: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -68,9 +80,11 @@ BIN=$CACHE/bin
 QEMU10=$BIN/qemu-system-x86_64-10
 RUSTD=$BIN/virtiofsd-rust
 RUSTD14=$BIN/virtiofsd-rust-1.14
-SCRIPT_SUM=$(sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1)
+QEMU11=$BIN/qemu-system-x86_64-11
+ROOT11=$CACHE/root-11
+SCRIPT_SUM=$(cat "${BASH_SOURCE[0]}" "$HERE/apt-private.sh" | sha256sum | cut -d' ' -f1)
 
-if [[ $REFRESH != 1 && -f $STAMP && -x $QEMU10 && -x $RUSTD && -x $RUSTD14 && -d $ROOT ]] &&
+if [[ $REFRESH != 1 && -f $STAMP && -x $QEMU10 && -x $QEMU11 && -x $RUSTD && -x $RUSTD14 && -d $ROOT && -d $ROOT11 ]] &&
 	[[ $(sed -n 's/^script //p' "$STAMP") == "$SCRIPT_SUM" ]]; then
 	sed -n 's/^version /peers.sh: /p' "$STAMP" >&2
 	exit 0
@@ -78,44 +92,15 @@ fi
 
 # --- private apt state ---------------------------------------------------------
 APT=$CACHE/apt
-mkdir -p "$APT/parts" "$APT/prefs" "$APT/lists/partial" "$APT/cache/archives/partial" "$CACHE/debs"
-# The mirror and keyring of the system's own Debian stanza (the one whose
-# suites include plain "bookworm"), from deb822 sources, else sources.list.
-uri="" keyring=""
-for f in /etc/apt/sources.list.d/*.sources; do
-	[[ -f $f ]] || continue
-	read -r uri keyring < <(awk '
-		function flush() { if (ok && uri != "") { print uri, key; found = 1; exit } ok = 0; uri = ""; key = "" }
-		/^[[:space:]]*$/ { flush(); next }
-		/^URIs:/ { uri = $2 }
-		/^Signed-By:/ { key = $2 }
-		/^Suites:/ { for (i = 2; i <= NF; i++) if ($i == "bookworm") ok = 1 }
-		END { if (!found) flush() }' "$f") || true
-	[[ -n $uri ]] && break
-done
-if [[ -z $uri && -f /etc/apt/sources.list ]]; then
-	uri=$(awk '$1 == "deb" && $3 == "bookworm" { print $2; exit }' /etc/apt/sources.list)
-fi
-[[ -n $uri ]] || die "no Debian bookworm mirror found in /etc/apt/sources.list.d/*.sources or /etc/apt/sources.list"
-[[ -n $keyring ]] || keyring=/usr/share/keyrings/debian-archive-keyring.gpg
-cat >"$APT/parts/peers.sources" <<EOF
-Types: deb
-URIs: $uri
-Suites: $RUST_SUITE $QEMU_SUITE $RUST14_SUITE
-Components: main
-Signed-By: $keyring
-EOF
-
-apt_private() {
-	apt-get -q -o Dir::State::Lists="$APT/lists" -o Dir::Cache="$APT/cache" \
-		-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$APT/parts" \
-		-o Dir::Etc::PreferencesParts="$APT/prefs" -o Dir::Etc::Preferences=/dev/null \
-		-o Dir::State::status=/dev/null -o APT::Sandbox::User=root "$@"
-}
+mkdir -p "$CACHE/debs" "$CACHE/debs-11"
+# shellcheck source=apt-private.sh
+. "$HERE/apt-private.sh"
+apt_private_init "$APT" $RUST_SUITE $QEMU_SUITE $RUST14_SUITE || die "no private apt state"
+uri=$APT_PRIVATE_URI
 
 start=$(date +%s%N)
 log "apt-get update (private state in $APT: $uri $RUST_SUITE $QEMU_SUITE $RUST14_SUITE)"
-apt_private update >"$APT/update.log" 2>&1 || { cat "$APT/update.log" >&2; die "apt-get update failed"; }
+apt_private_update || die "apt-get update failed"
 
 wanted=()
 for p in $QEMU_PKGS; do wanted+=("$p/$QEMU_SUITE"); done
@@ -180,6 +165,56 @@ dpkg-deb -x "$rust14" "$ROOT.new/rust-1.14"
 rm -rf "$ROOT"
 mv "$ROOT.new" "$ROOT"
 
+# --- QEMU 11: the closure of qemu-system-x86/sid ----------------------------------
+# An empty dpkg status makes apt list every package the closure needs, sid's
+# libc6 (and loader) included; recommends (GUI, spice, ...) are left out.
+start11=$(date +%s%N)
+sim=$(apt_private -s -t "$QEMU11_SUITE" --no-install-recommends install "$QEMU11_PKG/$QEMU11_SUITE" 2>"$APT/resolve-11.log") ||
+	{ cat "$APT/resolve-11.log" >&2; die "apt cannot resolve $QEMU11_PKG/$QEMU11_SUITE"; }
+wanted11=()
+while read -r _ p v _; do
+	wanted11+=("$p=${v#(}")
+done < <(grep '^Inst ' <<<"$sim")
+((${#wanted11[@]} > 10)) || die "the closure of $QEMU11_PKG/$QEMU11_SUITE has ${#wanted11[@]} packages:
+$sim"
+uris11=$(apt_private download --print-uris "${wanted11[@]}" 2>"$APT/download-11.log") ||
+	{ cat "$APT/download-11.log" >&2; die "apt-get download --print-uris (QEMU 11) failed"; }
+debs11=()
+missing11=()
+while read -r u file _; do
+	[[ -n $file ]] || continue
+	debs11+=("$CACHE/debs-11/$file")
+	[[ -f $CACHE/debs-11/$file ]] || missing11+=("$u")
+done <<<"$uris11"
+((${#debs11[@]} == ${#wanted11[@]})) || die "apt offers ${#debs11[@]} of ${#wanted11[@]} packages of QEMU 11's closure"
+if ((${#missing11[@]})); then
+	log "downloading ${#missing11[@]} package(s) of QEMU 11's closure"
+	(cd "$CACHE/debs-11" && apt_private download "${wanted11[@]}" >"$APT/download-11.log" 2>&1) ||
+		{ cat "$APT/download-11.log" >&2; die "apt-get download (QEMU 11) failed"; }
+fi
+# Debs of older point releases are dropped.
+keep11=$(printf '%s\n' "${debs11[@]}")
+for f in "$CACHE"/debs-11/*.deb; do
+	[[ -f $f ]] && ! grep -qxF "$f" <<<"$keep11" && rm -f "$f"
+done
+rm -rf "$ROOT11.new"
+mkdir -p "$ROOT11.new"
+for deb in "${debs11[@]}"; do
+	[[ -f $deb ]] || die "$deb missing after download"
+	pkg=$(dpkg-deb -f "$deb" Package)
+	ver=$(dpkg-deb -f "$deb" Version)
+	versions+=("$pkg $ver ($QEMU11_SUITE, QEMU 11)")
+	[[ $pkg != "$QEMU11_PKG" ]] || [[ $ver =~ $QEMU11_VERSION_RE ]] || die "$pkg $ver from $QEMU11_SUITE is not QEMU 11.x"
+	dpkg-deb -x "$deb" "$ROOT11.new"
+done
+[[ -x $ROOT11.new/usr/bin/qemu-system-x86_64 ]] || die "no usr/bin/qemu-system-x86_64 in QEMU 11's closure"
+[[ -d $ROOT11.new/usr/lib/x86_64-linux-gnu/qemu ]] || die "no QEMU module folder in QEMU 11's closure"
+[[ -x $ROOT11.new/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 ]] || die "no loader in QEMU 11's closure"
+rm -rf "$ROOT11"
+mv "$ROOT11.new" "$ROOT11"
+ms11=$((($(date +%s%N) - start11) / 1000000))
+log "QEMU 11: ${#debs11[@]} packages, $(du -sm "$CACHE/debs-11" | cut -f1) MB of debs, $(du -sm "$ROOT11" | cut -f1) MB unpacked, $((ms11 / 1000)).$((ms11 % 1000 / 100))s"
+
 # --- wrappers ----------------------------------------------------------------------
 mkdir -p "$BIN"
 cat >"$QEMU10.tmp" <<EOF
@@ -206,10 +241,22 @@ cat >"$RUSTD14.tmp" <<EOF
 X='$ROOT'
 exec "\$X/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" --library-path "\$X/usr/lib/x86_64-linux-gnu" "\$X/rust-1.14/usr/libexec/virtiofsd" "\$@"
 EOF
-chmod 0755 "$QEMU10.tmp" "$RUSTD.tmp" "$RUSTD14.tmp"
+cat >"$QEMU11.tmp" <<EOF
+#!/bin/sh
+# QEMU 11 from $QEMU11_SUITE, unpacked with its closure by test/peers.sh (do
+# not edit: it is rewritten). It runs by $QEMU11_SUITE's loader with
+# $QEMU11_SUITE's libraries, in a private mount namespace that puts its
+# modules where QEMU looks for them, with its own firmware. QEMU stays this
+# process (unshare, sh and the loader exec it): signals reach it directly.
+X='$ROOT11'
+exec unshare -m sh -c 'mount --bind "\$0/usr/lib/x86_64-linux-gnu/qemu" /usr/lib/x86_64-linux-gnu/qemu &&
+exec "\$0/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" --library-path "\$0/usr/lib/x86_64-linux-gnu" "\$0/usr/bin/qemu-system-x86_64" -L "\$0/usr/share/qemu" -L "\$0/usr/share/seabios" -L "\$0/usr/lib/ipxe/qemu" "\$@"' "\$X" "\$@"
+EOF
+chmod 0755 "$QEMU10.tmp" "$RUSTD.tmp" "$RUSTD14.tmp" "$QEMU11.tmp"
 mv "$QEMU10.tmp" "$QEMU10"
 mv "$RUSTD.tmp" "$RUSTD"
 mv "$RUSTD14.tmp" "$RUSTD14"
+mv "$QEMU11.tmp" "$QEMU11"
 
 qv=$("$QEMU10" --version | head -n1) || die "$QEMU10 --version failed"
 rv=$("$RUSTD" --version | head -n1) || die "$RUSTD --version failed"
@@ -217,17 +264,21 @@ rv=$("$RUSTD" --version | head -n1) || die "$RUSTD --version failed"
 r14=$("$RUSTD14" --version | head -n1) || die "$RUSTD14 --version failed"
 [[ $rv =~ 1\.13\. ]] || die "$RUSTD --version: $rv"
 [[ $r14 =~ 1\.14\. ]] || die "$RUSTD14 --version: $r14"
+q11=$("$QEMU11" --version | head -n1) || die "$QEMU11 --version failed"
+[[ $q11 =~ version\ 11\. ]] || die "$QEMU11 --version: $q11"
 
 {
 	printf 'package %s\n' "${versions[@]}"
 	echo "version $qv ($QEMU10)"
 	echo "version $rv ($RUSTD)"
 	echo "version $r14 ($RUSTD14)"
+	echo "version $q11 ($QEMU11)"
 	echo "script $SCRIPT_SUM"
 } >"$STAMP.tmp"
 mv "$STAMP.tmp" "$STAMP"
 log "$qv ($QEMU10)"
 log "$rv ($RUSTD)"
 log "$r14 ($RUSTD14)"
+log "$q11 ($QEMU11)"
 ms=$((($(date +%s%N) - start) / 1000000))
 log "fetched in $((ms / 1000)).$((ms % 1000 / 100))s"

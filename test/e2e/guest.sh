@@ -6,8 +6,18 @@
 #
 # Environment:
 #   GUEST_CACHE    cache directory (default: $REPO/.cache/guest)
-#   GUEST_KERNELS  kernel series to prepare (default: "6.1 6.12")
+#   GUEST_KERNELS  kernel series to prepare (default: "6.1 6.12 7")
 #   GUEST_OFFLINE  1: do not query apt; use what the cache already holds
+#   PEERS_CACHE    test/peers.sh's cache (default: $REPO/.cache/peers): its
+#                  private apt state (test/apt-private.sh) serves series 7
+#
+# 6.1 and 6.12 come from the system's apt (bookworm, bookworm-backports).
+# Series 7 (Linux 7.x, DESIGN.md §12) is only in Debian sid, which the system
+# does not know: it is resolved and downloaded with the private apt state of
+# test/peers.sh (lists fetched here if that state has none for sid). Its
+# linux-image-7.*-cloud-amd64 is a meta package; the kernel is in
+# linux-binary-V (usr/lib/modules/V/vmlinuz), modules.order and
+# modules.builtin in linux-base-V (everything virtio-fs needs is built in).
 #
 # For each kernel it prints one line
 #   KERNEL <uname -r> <path of vmlinuz> <path of initrd>
@@ -18,7 +28,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 CACHE=${GUEST_CACHE:-$REPO/.cache/guest}
-SERIES=${GUEST_KERNELS:-"6.1 6.12"}
+SERIES=${GUEST_KERNELS:-"6.1 6.12 7"}
+PEERS=${PEERS_CACHE:-$REPO/.cache/peers}
 OFFLINE=${GUEST_OFFLINE:-0}
 
 # Modules the 6.1 cloud kernel needs for virtio-fs, in load order. Modules the
@@ -80,6 +91,66 @@ select_pkg() {
 	newest_pkg "${base}\$" || newest_pkg "${base}-unsigned\$"
 }
 
+# --- series 7: sid through the private apt state ---------------------------------
+# shellcheck source=../apt-private.sh
+. "$REPO/test/apt-private.sh"
+SID_READY=0
+# Run in this shell (not in a command substitution) before select_pkg7.
+sid_apt() {
+	((SID_READY)) && return 0
+	if [[ -f $PEERS/apt/parts/peers.sources ]]; then
+		APT_PRIVATE_DIR=$PEERS/apt
+	else
+		apt_private_init "$PEERS/apt" sid || return 1
+	fi
+	if ! apt_private_has_lists sid; then
+		log "no sid lists in $PEERS/apt: apt-get update (private state)"
+		grep -qw sid "$PEERS/apt/parts/peers.sources" || apt_private_init "$PEERS/apt" sid || return 1
+		apt_private_update || return 1
+	fi
+	SID_READY=1
+}
+
+# Prints "<linux-binary package> <version> <linux-base package>" for the newest
+# linux-image-7.*-cloud-amd64 of sid.
+select_pkg7() {
+	local p v
+	sid_apt || return 1
+	p=$(apt_cache_private pkgnames linux-image-7. 2>/dev/null | grep -E '^linux-image-7\.[0-9]+\.[0-9]+\+[a-z0-9]+-cloud-amd64$' | sort -V | tail -n1)
+	[[ -n $p ]] || return 1
+	p=linux-binary-${p#linux-image-}
+	v=$(apt_cache_private policy "$p" 2>/dev/null | awk '/Candidate:/ {print $2}')
+	[[ -n $v && $v != "(none)" ]] || return 1
+	echo "$p $v linux-base-${p#linux-binary-}"
+}
+
+# Downloads and extracts linux-binary-V and linux-base-V (same version) into
+# one root; prints it.
+fetch_pkg7() {
+	local pkg=$1 ver=$2 base=$3 root=$CACHE/kernels/$1 deb debs=() p
+	if [[ -f $root/.extracted && $(cat "$root/.extracted") == "$ver" ]]; then
+		echo "$root"
+		return 0
+	fi
+	for p in "$pkg" "$base"; do
+		deb=$(ls "$CACHE/debs/${p}_${ver//:/%3a}_"*.deb 2>/dev/null | head -n1 || true)
+		if [[ -z $deb ]]; then
+			log "downloading $p=$ver (sid, private apt state)"
+			(cd "$CACHE/debs" && apt_private download "$p=$ver" >&2) || die "apt-get download $p=$ver failed"
+			deb=$(ls "$CACHE/debs/${p}_${ver//:/%3a}_"*.deb | head -n1)
+		fi
+		debs+=("$deb")
+	done
+	rm -rf "$root"
+	mkdir -p "$root"
+	for deb in "${debs[@]}"; do
+		log "extracting $(basename "$deb")"
+		dpkg-deb -x "$deb" "$root"
+	done
+	echo "$ver" >"$root/.extracted"
+	echo "$root"
+}
+
 # Downloads and extracts a package; prints the extraction root.
 fetch_pkg() {
 	local pkg=$1 ver=$2 root=$CACHE/kernels/$1 deb
@@ -105,7 +176,9 @@ fetch_pkg() {
 # Offline fallback: newest already-extracted package of a series.
 cached_pkg_root() {
 	local series=$1 d
-	for d in $(ls -d "$CACHE"/kernels/linux-image-"$series"[.-]*-cloud-amd64* 2>/dev/null | sort -V -r); do
+	local pat="$CACHE/kernels/linux-image-$series[.-]*-cloud-amd64*"
+	[[ $series == 7 ]] && pat="$CACHE/kernels/linux-binary-7.*-cloud-amd64"
+	for d in $(ls -d $pat 2>/dev/null | sort -V -r); do
 		[[ -f $d/.extracted ]] && { echo "$d"; return 0; }
 	done
 	return 1
@@ -156,6 +229,7 @@ build_initrd() {
 
 	# modules (those not built in), decompressed, in load order
 	local mdir=$root/lib/modules/$kver
+	[[ -d $mdir ]] || mdir=$root/usr/lib/modules/$kver
 	: >"$stage/e2e/modules.list"
 	for m in $MODULES; do
 		# modules.dep is made by depmod at install time; the package ships modules.order.
@@ -205,9 +279,12 @@ inputs_hash() {
 # --- main --------------------------------------------------------------------
 manifest=()
 for series in $SERIES; do
-	[[ $series == 6.1 || $series == 6.12 ]] || die "unknown kernel series $series (GUEST_KERNELS: 6.1 and/or 6.12)"
+	[[ $series == 6.1 || $series == 6.12 || $series == 7 ]] || die "unknown kernel series $series (GUEST_KERNELS: 6.1, 6.12 and/or 7)"
 	root=""
-	if [[ $OFFLINE != 1 ]] && sel=$(select_pkg "$series"); then
+	if [[ $series == 7 && $OFFLINE != 1 ]] && sid_apt && sel=$(select_pkg7); then
+		read -r pkg ver base <<<"$sel"
+		root=$(fetch_pkg7 "$pkg" "$ver" "$base")
+	elif [[ $series != 7 && $OFFLINE != 1 ]] && sel=$(select_pkg "$series"); then
 		read -r pkg ver <<<"$sel"
 		root=$(fetch_pkg "$pkg" "$ver")
 	elif root=$(cached_pkg_root "$series"); then
@@ -220,8 +297,13 @@ for series in $SERIES; do
 		log "linux $series: no package available, skipped"
 		continue
 	fi
-	vmlinuz=$(ls "$root"/boot/vmlinuz-* | sort -V | tail -n1)
-	kver=${vmlinuz##*/vmlinuz-}
+	if [[ $series == 7 ]]; then
+		vmlinuz=$(ls "$root"/usr/lib/modules/*/vmlinuz | sort -V | tail -n1)
+		kver=$(basename "$(dirname "$vmlinuz")")
+	else
+		vmlinuz=$(ls "$root"/boot/vmlinuz-* | sort -V | tail -n1)
+		kver=${vmlinuz##*/vmlinuz-}
+	fi
 	hash=$(inputs_hash "$kver" "$vmlinuz")
 	# Named by its inputs: work trees sharing one cache (each with its own
 	# guest scripts) neither rebuild each other's image nor replace it

@@ -85,10 +85,45 @@ var (
 	kernelsErr  error
 )
 
-// guestKernels runs guest.sh once per test binary (fast when its cache is warm)
-// and returns the kernels it prepared, filtered by GOVIRTIOFSD_E2E_KERNELS
-// (comma-separated prefixes of `uname -r`, e.g. "6.1.,6.12.").
+// guestKernels returns the Linux 6.x kernels allGuestKernels prepared: the
+// ones the tests on QEMU 7.2 and 10 boot (forEachKernel, newestKernelAtLeast).
+// Linux 7.x runs only in the tests that ask for it (newestKernel7, on QEMU
+// 11): adding it here would add a boot to every test of the 6.x matrix.
 func guestKernels(t *testing.T) []guestKernel {
+	t.Helper()
+	var ks []guestKernel
+	for _, k := range allGuestKernels(t) {
+		if !kernelAtLeast(k.Version, 7, 0) {
+			ks = append(ks, k)
+		}
+	}
+	if len(ks) == 0 {
+		t.Skip("no Linux 6.x guest kernel prepared (see GOVIRTIOFSD_E2E_KERNELS)")
+	}
+	return ks
+}
+
+// newestKernel7 returns the newest prepared Linux 7.x guest kernel (guest.sh
+// series 7, from Debian sid), or skips the test.
+func newestKernel7(t *testing.T) guestKernel {
+	t.Helper()
+	var k guestKernel
+	for _, gk := range allGuestKernels(t) {
+		if kernelAtLeast(gk.Version, 7, 0) && !kernelAtLeast(gk.Version, 8, 0) {
+			k = gk
+		}
+	}
+	if k.Version == "" {
+		t.Skip("no Linux 7.x guest kernel prepared (guest.sh series 7; see GOVIRTIOFSD_E2E_KERNELS)")
+	}
+	return k
+}
+
+// allGuestKernels runs guest.sh once per test binary (fast when its cache is
+// warm) and returns the kernels it prepared, filtered by
+// GOVIRTIOFSD_E2E_KERNELS (comma-separated prefixes of `uname -r`, e.g.
+// "6.1.,6.12.,7.").
+func allGuestKernels(t *testing.T) []guestKernel {
 	t.Helper()
 	kernelsOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
@@ -219,6 +254,7 @@ func peersBin(t *testing.T, name string) string {
 
 const (
 	qemu10Wrapper  = "qemu-system-x86_64-10"
+	qemu11Wrapper  = "qemu-system-x86_64-11"
 	rustDaemonName = "virtiofsd-rust"
 	rust114Name    = "virtiofsd-rust-1.14"
 )
@@ -501,11 +537,17 @@ const (
 	// qemu10 is QEMU 10.x from bookworm-backports, through test/peers.sh's
 	// wrapper (make test-deps): needed for live migration (QEMU >= 8.2).
 	qemu10
+	// qemu11 is QEMU 11.x from sid with its own libraries, through
+	// test/peers.sh's wrapper (make test-deps); it runs the Linux 7.x guest.
+	qemu11
 )
 
 func (q qemuVersion) String() string {
-	if q == qemu10 {
+	switch q {
+	case qemu10:
 		return "QEMU 10"
+	case qemu11:
+		return "QEMU 11"
 	}
 	return "QEMU 7.2"
 }
@@ -514,8 +556,11 @@ func (q qemuVersion) String() string {
 // test-deps.
 func (q qemuVersion) binary(t *testing.T) string {
 	t.Helper()
-	if q == qemu10 {
+	switch q {
+	case qemu10:
 		return peersBin(t, qemu10Wrapper)
+	case qemu11:
+		return peersBin(t, qemu11Wrapper)
 	}
 	return "qemu-system-x86_64"
 }
@@ -606,8 +651,8 @@ func startVM(t *testing.T, dir string, cfg vmConfig) *vm {
 	}
 	devOpts := cfg.DeviceOpts
 	if cfg.Packed {
-		if cfg.QEMU != qemu10 {
-			t.Fatalf("vmConfig.Packed: packed virtqueues are tested under QEMU 10 only (set QEMU: qemu10)")
+		if cfg.QEMU != qemu10 && cfg.QEMU != qemu11 {
+			t.Fatalf("vmConfig.Packed: packed virtqueues are tested under QEMU 10 and 11 only (set QEMU: qemu10 or qemu11)")
 		}
 		devOpts = append(slices.Clone(devOpts), "packed=on")
 	}
@@ -1248,7 +1293,13 @@ type qemuTraceEvent struct {
 	Name, Args string
 }
 
-var reTraceLine = regexp.MustCompile(`^\d+@(\d+)\.(\d{6}):(\S+) ?(.*)$`)
+// reTraceLine is QEMU 7.2 and 10's log trace line (PID@SECONDS.USEC:NAME
+// ARGS); reTraceLineISO is QEMU 11's (-msg timestamp=on: an RFC 3339 UTC
+// time, a space, NAME ARGS).
+var (
+	reTraceLine    = regexp.MustCompile(`^\d+@(\d+)\.(\d{6}):(\S+) ?(.*)$`)
+	reTraceLineISO = regexp.MustCompile(`^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z) (\S+) ?(.*)$`)
+)
 
 // readQEMUTrace parses a trace log; lines without a timestamp are skipped.
 func readQEMUTrace(t *testing.T, path string) []qemuTraceEvent {
@@ -1261,6 +1312,11 @@ func readQEMUTrace(t *testing.T, path string) []qemuTraceEvent {
 	for _, l := range strings.Split(string(data), "\n") {
 		m := reTraceLine.FindStringSubmatch(l)
 		if m == nil {
+			if m := reTraceLineISO.FindStringSubmatch(l); m != nil {
+				if at, err := time.Parse(time.RFC3339Nano, m[1]); err == nil {
+					out = append(out, qemuTraceEvent{At: at, Name: m[2], Args: m[3]})
+				}
+			}
 			continue
 		}
 		sec, _ := strconv.ParseInt(m[1], 10, 64)

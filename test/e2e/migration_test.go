@@ -38,7 +38,9 @@ type migPair struct {
 	src, dst daemonKind
 }
 
-func (p migPair) hasRust() bool { return p.src == rustDaemon || p.dst == rustDaemon }
+func (p migPair) hasRust() bool { return isRust(p.src) || isRust(p.dst) }
+
+func isRust(k daemonKind) bool { return k == rustDaemon || k == rust114Daemon }
 
 func envOn(name string) bool { return os.Getenv(name) == "1" }
 
@@ -123,7 +125,34 @@ func TestMigration(t *testing.T) {
 		}
 	}
 	start := time.Now()
-	for _, p := range migrationPairs() {
+	migrationMatrix(t, qemu10, k, migrationPairs(), pick)
+	if fullE2E() {
+		// The same pairs on the late-2026 stack (DESIGN.md §12): Linux 7.x
+		// under QEMU 11, the Rust virtiofsd 1.14 in the Rust daemon's place.
+		t.Run("qemu11", func(t *testing.T) {
+			peersBin(t, qemu11Wrapper)
+			var pairs []migPair
+			for _, p := range migrationPairs() {
+				p.name = strings.ReplaceAll(p.name, "rust", "rust114")
+				if p.src == rustDaemon {
+					p.src = rust114Daemon
+				}
+				if p.dst == rustDaemon {
+					p.dst = rust114Daemon
+				}
+				pairs = append(pairs, p)
+			}
+			migrationMatrix(t, qemu11, newestKernel7(t), pairs, pick)
+		})
+	}
+	t.Logf("TestMigration took %.1fs", time.Since(start).Seconds())
+}
+
+// migrationMatrix runs TestMigration's scenarios (those pick names, else
+// the basic one or, with GOVIRTIOFSD_E2E_FULL=1, all) for each pair, on
+// QEMU q with guest kernel k.
+func migrationMatrix(t *testing.T, q qemuVersion, k guestKernel, pairs []migPair, pick []string) {
+	for _, p := range pairs {
 		t.Run(p.name, func(t *testing.T) {
 			for _, sc := range migScenarios {
 				switch {
@@ -137,13 +166,14 @@ func TestMigration(t *testing.T) {
 						t.Skip("the Rust virtiofsd serves one request queue")
 					}
 					st := time.Now()
-					sc.run(newMigEnv(t, p, k))
+					m := newMigEnv(t, p, k)
+					m.cfg.QEMU = q
+					sc.run(m)
 					t.Logf("%s/%s took %.1fs", p.name, sc.name, time.Since(st).Seconds())
 				})
 			}
 		})
 	}
-	t.Logf("TestMigration took %.1fs", time.Since(start).Seconds())
 }
 
 // ---------------------------------------------------------------------------
@@ -208,7 +238,7 @@ func newMigEnv(t *testing.T, p migPair, k guestKernel) *migEnv {
 // daemonArgs are a kind's standard arguments in these scenarios.
 func migDaemonArgs(kind daemonKind) []string {
 	switch kind {
-	case rustDaemon:
+	case rustDaemon, rust114Daemon:
 		// startDaemon adds --cache never.
 		return []string{"--log-level", "debug"}
 	case ourDaemon:
@@ -921,7 +951,7 @@ func (m *migEnv) nextKind() daemonKind {
 // daemon also needs CAP_DAC_READ_SEARCH granted (it ignores the mode on a
 // destination); ours keeps it in that mode.
 func fileHandleArgs(k daemonKind) []string {
-	if k == rustDaemon {
+	if isRust(k) {
 		return []string{"--migration-mode", "file-handles", "--modcaps=+dac_read_search"}
 	}
 	return []string{"--migration-mode", "file-handles"}

@@ -32,6 +32,8 @@ type mqPhase struct {
 	// packed runs the guest on packed virtqueues (QEMU 10, packed=on;
 	// requirePacked): TestPackedRing.
 	packed bool
+	// qemu is the QEMU of a packed phase (zero: QEMU 10).
+	qemu qemuVersion
 }
 
 func (ph mqPhase) numQueues() int {
@@ -114,6 +116,9 @@ func runMultiqueueFio(t *testing.T, k guestKernel, ph mqPhase) {
 	}
 	if ph.packed {
 		cfg.QEMU, cfg.Packed = qemu10, true
+		if ph.qemu != qemu72 {
+			cfg.QEMU = ph.qemu
+		}
 	}
 	v := e.start(cfg)
 	v.waitExit()

@@ -266,6 +266,21 @@ func TestPackedRing(t *testing.T) {
 	peersBin(t, qemu10Wrapper)
 	k := newestKernelAtLeast(t, 6, 12, "packed rings are tested under QEMU 10, which runs Linux 6.12 guests only")
 	start := time.Now()
+	packedMatrix(t, qemu10, k, rustDaemon)
+	if fullE2E() {
+		// The same on the late-2026 stack (DESIGN.md §12): Linux 7.x under
+		// QEMU 11, ours → the Rust virtiofsd 1.14 for migrate-to-rust.
+		t.Run("qemu11", func(t *testing.T) {
+			peersBin(t, qemu11Wrapper)
+			packedMatrix(t, qemu11, newestKernel7(t), rust114Daemon)
+		})
+	}
+	t.Logf("TestPackedRing took %.1fs", time.Since(start).Seconds())
+}
+
+// packedMatrix is TestPackedRing's scenarios on QEMU q with kernel k; rust
+// is the Rust daemon of migrate-to-rust.
+func packedMatrix(t *testing.T, q qemuVersion, k guestKernel, rust daemonKind) {
 	timed := func(name string, fn func(t *testing.T)) {
 		t.Run(name, func(t *testing.T) {
 			st := time.Now()
@@ -273,28 +288,36 @@ func TestPackedRing(t *testing.T) {
 			fn(t)
 		})
 	}
-	timed(packedBoot.name, func(t *testing.T) { runMultiqueueFio(t, k, packedBoot) })
+	base := packedVM
+	base.QEMU = q
+	onQEMU := func(m *migEnv) *migEnv {
+		m.cfg.QEMU = q
+		return m
+	}
+	boot := packedBoot
+	boot.qemu = q
+	timed(boot.name, func(t *testing.T) { runMultiqueueFio(t, k, boot) })
 	if fullE2E() {
 		for _, ph := range packedFull {
+			ph.qemu = q
 			timed(ph.name, func(t *testing.T) { runMultiqueueFio(t, k, ph) })
 		}
-		timed("reboot", func(t *testing.T) { scenarioReboot(t, ourDaemon, k, packedVM) })
+		timed("reboot", func(t *testing.T) { scenarioReboot(t, ourDaemon, k, base) })
 		timed("posix", func(t *testing.T) {
 			requireReference(t)
-			posixSideBySide(t, k, packedVM, posixShare{})
+			posixSideBySide(t, k, base, posixShare{})
 		})
 		timed("migrate", func(t *testing.T) {
-			scenarioMigratePacked(newMigEnv(t, migPair{"ours-ours", ourDaemon, ourDaemon}, k))
+			scenarioMigratePacked(onQEMU(newMigEnv(t, migPair{"ours-ours", ourDaemon, ourDaemon}, k)))
 		})
 		timed("migrate-to-rust", func(t *testing.T) {
-			scenarioMigratePackedToSplit(newMigEnv(t, migPair{"ours-rust", ourDaemon, rustDaemon}, k))
+			scenarioMigratePackedToSplit(onQEMU(newMigEnv(t, migPair{"ours-rust", ourDaemon, rust}, k)))
 		})
 		timed("migrate-to-c", func(t *testing.T) {
 			requireReference(t)
-			scenarioMigratePackedToSplit(newMigEnv(t, migPair{"ours-c", ourDaemon, refDaemon}, k))
+			scenarioMigratePackedToSplit(onQEMU(newMigEnv(t, migPair{"ours-c", ourDaemon, refDaemon}, k)))
 		})
 	}
-	t.Logf("TestPackedRing took %.1fs", time.Since(start).Seconds())
 }
 
 // scenarioMigratePacked: the basic migration scenario (fio verify and the

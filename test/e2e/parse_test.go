@@ -4,6 +4,8 @@ package e2e
 
 import (
 	"math"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -266,5 +268,28 @@ func TestForeignNodeIDs(t *testing.T) {
 	foreign, rw := foreignNodeIDs(src, dst)
 	if !reflect.DeepEqual(foreign, []string{"WRITE:12", "FLUSH:12"}) || !reflect.DeepEqual(rw, []string{"12", "30", "7", "9"}) {
 		t.Errorf("foreignNodeIDs: foreign %v, read/write %v", foreign, rw)
+	}
+}
+
+// TestReadQEMUTrace: both trace line formats (QEMU 10's PID@SEC.USEC: and
+// QEMU 11's RFC 3339 time) give the same events.
+func TestReadQEMUTrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "trace.log")
+	data := "2436@1796308370.397673:vhost_user_write req:1 flags:0x1\n" +
+		"2026-12-03T19:37:13.720217Z vhost_user_write req:15 (GET_PROTOCOL_FEATURES) flags:0x1\n" +
+		"2026-12-03T19:37:13.720300Z vhost_dev_start dev 0x1 device vhost-user-fs\n" +
+		"not a trace line\n"
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	evs := readQEMUTrace(t, path)
+	if len(evs) != 3 {
+		t.Fatalf("%d events, want 3: %+v", len(evs), evs)
+	}
+	if got := vhostTraceNames(evs, time.Time{}, time.Time{}); strings.Join(got, " ") != "GET_FEATURES GET_PROTOCOL_FEATURES [dev-start]" {
+		t.Errorf("names %v", got)
+	}
+	if want := time.Date(2026, 12, 3, 19, 37, 13, 720217000, time.UTC); !evs[1].At.Equal(want) {
+		t.Errorf("time %v, want %v", evs[1].At, want)
 	}
 }

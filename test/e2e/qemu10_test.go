@@ -46,8 +46,27 @@ func TestQEMU10Boot(t *testing.T) {
 	peersBin(t, qemu10Wrapper)
 	start := time.Now()
 	k := newestKernelAtLeast(t, 6, 12, "QEMU 10 runs Linux 6.12 guests only")
+	runBootPhases(t, qemu10, k)
+	t.Logf("QEMU 10 boot test took %.1fs", time.Since(start).Seconds())
+}
+
+// bootPhase is the vhost-user messages the daemon logged in one phase of
+// runBootPhases.
+type bootPhase struct {
+	name string
+	msgs []vhostMessage
+}
+
+// runBootPhases is TestQEMU10Boot's scenario on QEMU q and kernel k: boot,
+// fio, reboot, fio, power-off against our daemon at --log-level debug, the
+// messages of each phase written to vhost-user-PHASE.txt and logged
+// compactly; it fails on a refused message, a phase without messages (but
+// power-off), a boot without its INIT, first access and fio, and returns
+// the env and the phases for more checks.
+func runBootPhases(t *testing.T, q qemuVersion, k guestKernel) (*env, []bootPhase) {
+	t.Helper()
 	e := newEnv(t, ourDaemon, k)
-	v := e.start(vmConfig{QEMU: qemu10, Script: "fio-reboot", AllowReboot: true, Append: []string{"e2e.fiosize=8M"}})
+	v := e.start(vmConfig{QEMU: q, Script: "fio-reboot", AllowReboot: true, Append: []string{"e2e.fiosize=8M"}})
 	to := vmTimeout()
 
 	// The guest is idle while it waits in e2e_ask: the phases end there.
@@ -66,8 +85,8 @@ func TestQEMU10Boot(t *testing.T) {
 	v.waitExit()
 	e.daemonExit(v, true)
 	g := parseConsole(v.consoleLines())
-	t.Logf("%s under QEMU 10: %d boot(s); since QEMU start: E2E-BOOT at %v, mounted at %v; QEMU ran %.1fs",
-		k.Version, g.Boots, v.markerTimes(reBoot), v.markerTimes(reMounted), v.ExitTime().Sub(v.started).Seconds())
+	t.Logf("%s under %s: %d boot(s); since QEMU start: E2E-BOOT at %v, mounted at %v; QEMU ran %.1fs",
+		k.Version, q, g.Boots, v.markerTimes(reBoot), v.markerTimes(reMounted), v.ExitTime().Sub(v.started).Seconds())
 	for _, s := range g.Steps {
 		t.Logf("  boot %d step %-8s rc=%d", s.Boot, s.Name, s.RC)
 	}
@@ -75,12 +94,14 @@ func TestQEMU10Boot(t *testing.T) {
 		t.Logf("  daemon: %s", l)
 	}
 
+	var out []bootPhase
 	phases := []struct {
 		name     string
 		from, to int64
 	}{{"boot", 0, cuts[0]}, {"reboot", cuts[0], cuts[1]}, {"poweroff", cuts[1], -1}}
 	for _, ph := range phases {
 		msgs := e.d.vhostMessages(t, ph.from, ph.to)
+		out = append(out, bootPhase{name: ph.name, msgs: msgs})
 		var names, lines []string
 		for _, m := range msgs {
 			names = append(names, m.Request)
@@ -90,7 +111,7 @@ func TestQEMU10Boot(t *testing.T) {
 		if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("QEMU 10 vhost-user messages, %s (%d; %s): %s", ph.name, len(msgs), filepath.Base(path), compactSequence(names))
+		t.Logf("%s vhost-user messages, %s (%d; %s): %s", q, ph.name, len(msgs), filepath.Base(path), compactSequence(names))
 		for _, m := range msgs {
 			if m.Refused != "" {
 				t.Errorf("%s: the daemon refused %s", ph.name, m)
@@ -119,5 +140,5 @@ func TestQEMU10Boot(t *testing.T) {
 	if len(g.Done) != 2 || g.Done[0] != "reboot" || g.Done[1] != "poweroff" {
 		t.Errorf("guest E2E-DONE actions %v, want [reboot poweroff]", g.Done)
 	}
-	t.Logf("QEMU 10 boot test took %.1fs", time.Since(start).Seconds())
+	return e, out
 }
