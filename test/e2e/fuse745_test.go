@@ -53,12 +53,13 @@ func TestIdmapMount(t *testing.T) {
 	}
 }
 
-// TestCopyFileRange64Guest: on a Linux >= 7.0 guest (FUSE 7.45) one
+// TestCopyFileRange64Guest: on a Linux 7.x guest (FUSE 7.45) under QEMU 11 one
 // copy_file_range of a sparse 5 GiB file on an ext4 share copies it whole
 // (COPY_FILE_RANGE_64), and the copy stays sparse on the host.
 func TestCopyFileRange64Guest(t *testing.T) {
 	requireE2E(t)
-	k := newestKernelAtLeast(t, 7, 0, "COPY_FILE_RANGE_64 is Linux 7.x's (FUSE 7.45)")
+	peersBin(t, qemu11Wrapper)
+	k := newestKernel7(t) // COPY_FILE_RANGE_64 is Linux 7.x's (FUSE 7.45)
 	tmp := t.TempDir()
 	img, share := filepath.Join(tmp, "ext4.img"), filepath.Join(tmp, "share")
 	if err := os.Mkdir(share, 0o755); err != nil {
@@ -83,7 +84,7 @@ func TestCopyFileRange64Guest(t *testing.T) {
 	}
 	f.Close()
 	e := newEnvAt(t, ourDaemon, k, share)
-	v := e.start(vmConfig{QEMU: qemu10, Script: "copy64", Timeout: 4 * time.Minute})
+	v := e.start(vmConfig{QEMU: qemu11, Script: "copy64", Timeout: 4 * time.Minute})
 	v.waitExit()
 	e.daemonExit(v, true)
 	g := parseConsole(v.consoleLines())
