@@ -18,10 +18,21 @@ import (
 // mount_setattr(MOUNT_ATTR_IDMAP), move_mount); root creates a file and a
 // directory through it, and the host sees them owned by 2000:2000. Without
 // ALLOW_IDMAP negotiated, mount_setattr fails (EINVAL).
+//
+// Subtests: 6.12 on QEMU 10 (FUSE 7.41), 7.x on QEMU 11 (7.45).
 func TestIdmapMount(t *testing.T) {
 	requireE2E(t)
-	peersBin(t, qemu10Wrapper)
-	k := newestKernelAtLeast(t, 6, 12, "idmapped virtio-fs mounts need Linux 6.12")
+	t.Run("6.12", func(t *testing.T) {
+		peersBin(t, qemu10Wrapper)
+		runIdmapMount(t, newestKernelAtLeast(t, 6, 12, "idmapped virtio-fs mounts need Linux 6.12"), qemu10)
+	})
+	t.Run("7.x", func(t *testing.T) {
+		peersBin(t, qemu11Wrapper)
+		runIdmapMount(t, newestKernel7(t), qemu11)
+	})
+}
+
+func runIdmapMount(t *testing.T, k guestKernel, q qemuVersion) {
 	e := newEnv(t, ourDaemon, k)
 	dir := filepath.Join(e.shared, "idmap")
 	if err := os.Mkdir(dir, 0o755); err != nil {
@@ -30,7 +41,7 @@ func TestIdmapMount(t *testing.T) {
 	if err := os.Chown(dir, 2000, 2000); err != nil {
 		t.Fatal(err)
 	}
-	v := e.start(vmConfig{QEMU: qemu10, Script: "idmap", Timeout: 3 * time.Minute})
+	v := e.start(vmConfig{QEMU: q, Script: "idmap", Timeout: 3 * time.Minute})
 	v.waitExit()
 	e.daemonExit(v, true)
 	g := parseConsole(v.consoleLines())
@@ -48,8 +59,12 @@ func TestIdmapMount(t *testing.T) {
 	if st := g.step(t, 1, "idmap-read"); st.RC != 0 {
 		t.Errorf("read through the idmapped mount: rc=%d %v", st.RC, st.Output)
 	}
-	if log := e.d.Log(); !kernelAtLeast(k.Version, 7, 0) && !strings.Contains(log, "negotiated=7.41") {
-		t.Errorf("the %s session was not negotiated at 7.41", k.Version)
+	want := "negotiated=7.41"
+	if kernelAtLeast(k.Version, 7, 0) {
+		want = "negotiated=7.45"
+	}
+	if !strings.Contains(e.d.Log(), want) {
+		t.Errorf("the %s session was not %s", k.Version, want)
 	}
 }
 
