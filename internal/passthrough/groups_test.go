@@ -104,6 +104,17 @@ func TestInvalidUIDGID(t *testing.T) {
 			}
 		}
 	}
+	// A read-only share still says so.
+	tf := newTestFS(t, Options{ReadOnly: true})
+	os.WriteFile(tf.path("f"), nil, 0o644)
+	n := tf.lookup(rootID, "f").NodeId
+	in := &gofuse.AccessIn{InHeader: *hdrAs(n, invalidUIDGID, invalidUIDGID)}
+	for mask, want := range map[uint32]syscall.Errno{unix.R_OK: 0, unix.W_OK: syscall.EROFS} {
+		in.Mask = mask
+		if errno := tf.Access(in); errno != want {
+			t.Errorf("read-only access %#x without ids: %v, want %v", mask, errno, want)
+		}
+	}
 }
 
 func mustIDMap(t *testing.T, specs ...string) *IDMap {

@@ -43,6 +43,9 @@ func (f *FS) Access(in *gofuse.AccessIn) syscall.Errno {
 	if mask == 0 {
 		return 0
 	}
+	if mask&unix.W_OK != 0 && f.opts.ReadOnly {
+		return syscall.EROFS
+	}
 	if in.Uid == invalidUIDGID || in.Gid == invalidUIDGID {
 		// With FUSE_ALLOW_IDMAP only creation requests carry the
 		// caller's ids; the guest's default_permissions (always on for
@@ -55,9 +58,6 @@ func (f *FS) Access(in *gofuse.AccessIn) syscall.Errno {
 		if uid, gid, errno = f.ids.toHost(uid, gid); errno != 0 {
 			return errno
 		}
-	}
-	if mask&unix.W_OK != 0 && f.opts.ReadOnly {
-		return syscall.EROFS
 	}
 	allowed := func(bit uint32) bool {
 		switch {
