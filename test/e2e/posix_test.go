@@ -632,9 +632,16 @@ func checkDaemonLog(t *testing.T, r *posixRun) {
 	want := []string{"INIT", "LOOKUP", "GETATTR", "SETATTR", "CREATE", "OPEN", "READ", "WRITE", "FLUSH",
 		"RELEASE", "MKDIR", "RMDIR", "UNLINK", "RENAME2", "LINK", "SYMLINK", "READLINK", "MKNOD",
 		"OPENDIR", "RELEASEDIR", "SETXATTR", "GETXATTR", "LISTXATTR", "REMOVEXATTR", "LSEEK",
-		"FALLOCATE", "COPY_FILE_RANGE", "FSYNC", "SYNCFS", "TMPFILE", "STATFS", "DESTROY"}
-	if strings.HasPrefix(r.kernel.Version, "6.12.") {
+		"FALLOCATE", "FSYNC", "SYNCFS", "TMPFILE", "STATFS", "DESTROY"}
+	if strings.HasPrefix(r.kernel.Version, "6.12.") || kernelAtLeast(r.kernel.Version, 7, 0) {
 		want = append(want, "STATX")
+	}
+	// Linux 7.x copies with COPY_FILE_RANGE_64 first (FUSE 7.45), which
+	// ours serves: it never falls back to COPY_FILE_RANGE.
+	if kernelAtLeast(r.kernel.Version, 7, 0) {
+		want = append(want, "COPY_FILE_RANGE_64")
+	} else {
+		want = append(want, "COPY_FILE_RANGE")
 	}
 	for _, op := range want {
 		if c := hist[op]; c == nil || c.ok == 0 {
