@@ -17,8 +17,8 @@ import (
 // SYMLINK, TMPFILE): FUSE_EXT_GROUPS (type 32) when CREATE_SUPP_GROUP is
 // negotiated and the caller may write to the parent directory only through
 // a supplementary group, { u32 nr_groups = 1; u32 groups[1] }; a security
-// context (types 0..31, their count) with SECURITY_CTX, which this server
-// never negotiates (and a restored session never carries: see state.go).
+// context (types 0..31, their count: secctx.go) with SECURITY_CTX, refused
+// in a session that did not negotiate it.
 const (
 	extHeaderSize = 8
 	extGroups     = 32
@@ -39,6 +39,7 @@ func (q *Queue) extensions(in *bufvec.Vec) syscall.Errno {
 	if err := in.Seek(start); err != nil {
 		return argErr(err)
 	}
+	q.secSeen = false
 	var b [16]byte
 	for pos := start; pos < end; {
 		if err := in.ReadFull(b[:extHeaderSize]); err != nil {
@@ -66,7 +67,9 @@ func (q *Queue) extensions(in *bufvec.Vec) syscall.Errno {
 			}
 			q.group = g
 		default:
-			return syscall.EINVAL
+			if errno := q.secCtxExt(in, typ, size-extHeaderSize); errno != 0 {
+				return errno
+			}
 		}
 		pos += size
 		if err := in.Seek(pos); err != nil {

@@ -27,7 +27,9 @@ import (
 // Tmpfile) also get group: the caller's supplementary group that the guest
 // sent with the request (FUSE_EXT_GROUPS, with CAP_CREATE_SUPP_GROUP
 // negotiated) because the caller may create in the parent directory only
-// through it; NoGroup when none came.
+// through it; NoGroup when none came. And sec: the security context to
+// label the new object with (SecCtx, with CAP_SECURITY_CTX negotiated), nil
+// when none came.
 //
 // Methods are called concurrently from several queues.
 type FileSystem interface {
@@ -53,9 +55,9 @@ type FileSystem interface {
 	// Readlink writes the target into buf (PATH_MAX bytes) and returns
 	// its length.
 	Readlink(h *gofuse.InHeader, buf []byte) (int, syscall.Errno)
-	Symlink(h *gofuse.InHeader, group uint32, target, name []byte, out *gofuse.EntryOut) syscall.Errno
-	Mknod(in *gofuse.MknodIn, group uint32, name []byte, out *gofuse.EntryOut) syscall.Errno
-	Mkdir(in *gofuse.MkdirIn, group uint32, name []byte, out *gofuse.EntryOut) syscall.Errno
+	Symlink(h *gofuse.InHeader, group uint32, sec *SecCtx, target, name []byte, out *gofuse.EntryOut) syscall.Errno
+	Mknod(in *gofuse.MknodIn, group uint32, sec *SecCtx, name []byte, out *gofuse.EntryOut) syscall.Errno
+	Mkdir(in *gofuse.MkdirIn, group uint32, sec *SecCtx, name []byte, out *gofuse.EntryOut) syscall.Errno
 	Unlink(h *gofuse.InHeader, name []byte) syscall.Errno
 	Rmdir(h *gofuse.InHeader, name []byte) syscall.Errno
 	// Rename moves h.NodeId/oldName to newDir/newName; flags are
@@ -64,9 +66,9 @@ type FileSystem interface {
 	Link(in *gofuse.LinkIn, name []byte, out *gofuse.EntryOut) syscall.Errno
 
 	Open(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno
-	Create(in *gofuse.CreateIn, group uint32, name []byte, out *gofuse.CreateOut) syscall.Errno
+	Create(in *gofuse.CreateIn, group uint32, sec *SecCtx, name []byte, out *gofuse.CreateOut) syscall.Errno
 	// Tmpfile creates an unnamed file in directory in.NodeId.
-	Tmpfile(in *gofuse.CreateIn, group uint32, out *gofuse.CreateOut) syscall.Errno
+	Tmpfile(in *gofuse.CreateIn, group uint32, sec *SecCtx, out *gofuse.CreateOut) syscall.Errno
 	// Read reads up to in.Size bytes at in.Offset straight into dst (one
 	// preadv of guest memory) and returns the byte count. The server
 	// clamps in.Size to dst.Len(), the room after the reply header.

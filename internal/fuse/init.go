@@ -18,11 +18,19 @@ const serverCaps = gofuse.CAP_ASYNC_READ | gofuse.CAP_BIG_WRITES | gofuse.CAP_MA
 // allowedCaps are the capabilities of protocol 7.38 the server can handle at
 // all. Left out: the splice bits (meaningless here), IOCTL_DIR (IOCTL is
 // ENOSYS), MAP_ALIGNMENT and HAS_INODE_DAX (no DAX window), bit 31
-// (reserved), and SECURITY_CTX, whose request extension (a security
-// context to create with) the server does not parse. CREATE_SUPP_GROUP's
-// extension is parsed (ext.go) and handed to the file system.
+// (reserved). The extensions of CREATE_SUPP_GROUP and SECURITY_CTX are
+// parsed (ext.go, secctx.go) and handed to the file system.
 const allowedCaps = flagsBits&^deniedCaps | gofuse.CAP_HAS_EXPIRE_ONLY | gofuse.CAP_DIRECT_IO_ALLOW_MMAP |
-	gofuse.CAP_CREATE_SUPP_GROUP
+	gofuse.CAP_CREATE_SUPP_GROUP | gofuse.CAP_SECURITY_CTX
+
+// Negotiator is a FileSystem that has the last word on INIT: given what
+// the guest offers and what the server would answer, it returns the
+// answer (a subset), or an error to refuse the session (a feature it was
+// told to require that the guest does not offer): INIT then fails with
+// EPROTO, and the guest's mount with it, and a previous session ends.
+type Negotiator interface {
+	Negotiate(offered, caps uint64) (uint64, error)
+}
 
 const (
 	flagsBits  = uint64(1)<<31 - 1
@@ -49,6 +57,16 @@ func (q *Queue) doInit(_, _ *bufvec.Vec) syscall.Errno {
 		offered |= uint64(a.Flags2) << 32
 	}
 	caps := offered & (q.s.fs.Capabilities() | serverCaps) & allowedCaps
+	if n, ok := q.s.fs.(Negotiator); ok {
+		c, err := n.Negotiate(offered, caps)
+		if err != nil {
+			// The guest starts anew: a previous session ends here too.
+			q.s.log.Error("FUSE INIT refused", "queue", q.index, "err", err)
+			q.doDestroy(nil, nil)
+			return syscall.EPROTO
+		}
+		caps &= c
+	}
 	minor := min(a.Minor, KernelMinor)
 
 	o.Major = KernelVersion
