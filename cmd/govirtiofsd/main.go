@@ -502,12 +502,12 @@ func newFileSystem(o *Options, in *sandbox.Inside, log *slog.Logger) (*passthrou
 	if err != nil {
 		return nil, err
 	}
-	// ACLs and labels are xattrs: either implies --xattr.
+	// ACLs, labels and an xattr map imply --xattr, as in the Rust daemon.
 	acl, label := o.PosixACL != passthrough.NegotiateNever, o.SecurityLabel != passthrough.NegotiateNever
 	popts := passthrough.Options{
 		Cache:             cache,
 		Writeback:         o.Writeback,
-		Xattr:             o.Xattr || acl || label,
+		Xattr:             o.Xattr || acl || label || o.XattrMap != "",
 		XattrMap:          o.XattrMap,
 		PosixACL:          acl,
 		SecurityLabel:     label,
