@@ -72,11 +72,15 @@ func newCommand(stop chan os.Signal) *cobra.Command {
 // capabilities is the vhost-user back-end capabilities JSON (QEMU's
 // docs/interop/vhost-user.json) libvirt reads: "migrate-precopy" means the
 // daemon migrates its state with the VM (dirty logging and DEVICE_STATE),
-// "separate-options" that the long options are all understood.
+// "separate-options" that the long options are all understood, and the two
+// "-negotiation-mode" features (the Rust virtiofsd 1.14's) that
+// --posix-acl and --security-label take never, auto or always.
 const capabilities = `{
   "type": "fs",
   "features": [
     "migrate-precopy",
+    "posix-acl-negotiation-mode",
+    "security-label-negotiation-mode",
     "separate-options"
   ]
 }`
@@ -498,13 +502,15 @@ func newFileSystem(o *Options, in *sandbox.Inside, log *slog.Logger) (*passthrou
 	if err != nil {
 		return nil, err
 	}
+	// ACLs, labels and an xattr map imply --xattr, as in the Rust daemon.
+	acl, label := o.PosixACL != passthrough.NegotiateNever, o.SecurityLabel != passthrough.NegotiateNever
 	popts := passthrough.Options{
 		Cache:             cache,
 		Writeback:         o.Writeback,
-		Xattr:             o.Xattr || o.PosixACL,
+		Xattr:             o.Xattr || acl || label || o.XattrMap != "",
 		XattrMap:          o.XattrMap,
-		PosixACL:          o.PosixACL,
-		SecurityLabel:     o.SecurityLabel,
+		PosixACL:          acl,
+		SecurityLabel:     label,
 		AnnounceSubmounts: o.AnnounceSubmounts,
 		NoReaddirplus:     o.NoReaddirplus,
 		AllowDirectIO:     o.AllowDirectIO,
@@ -519,6 +525,8 @@ func newFileSystem(o *Options, in *sandbox.Inside, log *slog.Logger) (*passthrou
 		Migration: passthrough.MigrationOptions{Mode: migMode, OnError: onError,
 			ConfirmPaths: o.MigrationConfirmPaths, VerifyHandles: o.MigrationVerifyHandles},
 	}
+	popts.RequirePosixACL = o.PosixACL == passthrough.NegotiateAlways
+	popts.RequireSecurityLabel = o.SecurityLabel == passthrough.NegotiateAlways
 	if o.Timeout != "" {
 		secs, err := strconv.ParseFloat(o.Timeout, 64)
 		if err != nil || secs < 0 {

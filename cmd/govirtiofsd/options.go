@@ -32,13 +32,16 @@ type Options struct {
 	Foreground        bool
 
 	// File system (internal/passthrough).
-	Cache             string
-	Timeout           string
-	Writeback         bool
-	Xattr             bool
-	XattrMap          string
-	PosixACL          bool
-	SecurityLabel     bool
+	Cache     string
+	Timeout   string
+	Writeback bool
+	Xattr     bool
+	XattrMap  string
+	// PosixACL and SecurityLabel are negotiation modes, as in the Rust
+	// virtiofsd 1.14: never, auto (if the guest offers it) or always
+	// (the guest must offer it: INIT fails otherwise).
+	PosixACL          string
+	SecurityLabel     string
 	AnnounceSubmounts bool
 	NoReaddirplus     bool
 	AllowDirectIO     bool
@@ -92,6 +95,8 @@ func newOptions() *Options {
 		Queues:           vhostuser.MaxRings - 1,
 		LogLevel:         "info",
 		Cache:            "auto",
+		PosixACL:         passthrough.NegotiateNever,
+		SecurityLabel:    passthrough.NegotiateNever,
 		InodeFileHandles: "prefer", // as the Rust virtiofsd since 1.13.3
 		ThreadPoolSize:   -1,       // not given: defaultWorkers
 		RlimitNofile:     -1,       // not given: setNofile raises it
@@ -113,6 +118,9 @@ const (
 	optString optKind = iota
 	optInt
 	optBool
+	// optMode is a negotiation mode (never|auto|always): given bare, or
+	// as -o KEY, it is always; -o no_KEY is never.
+	optMode
 )
 
 // option describes one setting and its spellings.
@@ -273,6 +281,32 @@ func noEffect(kind optKind) field {
 	}}
 }
 
+// modeField is a negotiation mode, the Rust virtiofsd 1.14's
+// --posix-acl[=never|auto|always]: the bare flag (and -o KEY) is always,
+// -o no_KEY never, and the boolean words of 1.13's flag keep their
+// meaning (true: always, false: never).
+func modeField(p func(*Options) *string) field {
+	return field{
+		set: func(o *Options, v string) error {
+			switch v {
+			case passthrough.NegotiateNever, passthrough.NegotiateAuto, passthrough.NegotiateAlways:
+				*p(o) = v
+				return nil
+			}
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return fmt.Errorf("%q is not one of never, auto, always", v)
+			}
+			*p(o) = passthrough.NegotiateNever
+			if b {
+				*p(o) = passthrough.NegotiateAlways
+			}
+			return nil
+		},
+		get: func(o *Options) string { return *p(o) },
+	}
+}
+
 // debugField is the C daemon's -d and -o debug: --log-level=debug.
 var debugField = field{set: func(o *Options, v string) error {
 	b, err := strconv.ParseBool(v)
@@ -284,6 +318,18 @@ var debugField = field{set: func(o *Options, v string) error {
 	}
 	return nil
 }}
+
+// inodeFileHandlesField is --inode-file-handles; "fallback" is the Rust
+// daemon's deprecated alias of prefer (1.13.2 and 1.14.0 take it: checked).
+var inodeFileHandlesField = field{
+	set: func(o *Options, v string) error {
+		if v == "fallback" {
+			v = "prefer"
+		}
+		return enumField(func(o *Options) *string { return &o.InodeFileHandles }, "never", "prefer", "mandatory").set(o, v)
+	},
+	get: func(o *Options) string { return o.InodeFileHandles },
+}
 
 func checkIDMapping(v string) error {
 	_, err := passthrough.ParseIDMapping(v)
@@ -310,7 +356,7 @@ func checkNSMap(v string) error {
 }
 
 // optionTable lists every option the daemon understands: the Rust
-// virtiofsd 1.13's long options and the C virtiofsd 7.2's -o options and
+// virtiofsd 1.13 and 1.14's long options and the C virtiofsd 7.2's -o options and
 // short flags.
 var optionTable = []option{
 	{long: "shared-dir", oKey: "source", kind: optString, usage: "share the directory `DIR` (required)",
@@ -361,10 +407,10 @@ var optionTable = []option{
 		field: boolField(func(o *Options) *bool { return &o.Xattr })},
 	{long: "xattrmap", oKey: "xattrmap", kind: optString, usage: "map xattr names by `RULES` (the C daemon's syntax)",
 		field: stringField(func(o *Options) *string { return &o.XattrMap })},
-	{long: "posix-acl", oKey: "posix_acl", kind: optBool, usage: "enable POSIX ACLs (implies --xattr)",
-		field: boolField(func(o *Options) *bool { return &o.PosixACL })},
-	{long: "security-label", oKey: "security_label", kind: optBool, usage: "accept security labels",
-		field: boolField(func(o *Options) *bool { return &o.SecurityLabel })},
+	{long: "posix-acl", oKey: "posix_acl", kind: optMode, usage: "POSIX ACLs (imply --xattr) `MODE`: never, auto (if the guest offers them) or always (INIT fails if it does not); the bare flag is always",
+		field: modeField(func(o *Options) *string { return &o.PosixACL })},
+	{long: "security-label", oKey: "security_label", kind: optMode, usage: "set the guest's security label on what it creates (FUSE_SECURITY_CTX; implies --xattr), `MODE`: never, auto (if the guest offers it) or always (INIT fails if it does not); the bare flag is always",
+		field: modeField(func(o *Options) *string { return &o.SecurityLabel })},
 	{long: "announce-submounts", oKey: "announce_submounts", kind: optBool, usage: "tell the guest about host submounts (distinct st_dev)",
 		field: boolField(func(o *Options) *bool { return &o.AnnounceSubmounts })},
 	{long: "no-announce-submounts", kind: optBool, usage: "do not announce submounts",
@@ -380,7 +426,7 @@ var optionTable = []option{
 	{long: "no-killpriv-v2", kind: optBool, usage: "disable FUSE_HANDLE_KILLPRIV_V2",
 		field: notBoolField(func(o *Options) *bool { return &o.KillprivV2 })},
 	{long: "inode-file-handles", kind: optString, usage: "when to hold inodes as file handles, `MODE`: never, prefer (where the file system and CAP_DAC_READ_SEARCH allow, else O_PATH fds) or mandatory",
-		field: enumField(func(o *Options) *string { return &o.InodeFileHandles }, "never", "prefer", "mandatory")},
+		field: inodeFileHandlesField},
 	{long: "inode-fd-budget", kind: optInt, usage: "keep at most `N` O_PATH fds open for inodes held by fd (no file handles); past it, unused inodes are closed and reopened by name, and a host-side change to one answers ESTALE (0: the default; at least 16)",
 		dflt: "half of RLIMIT_NOFILE", field: uintField(func(o *Options) *int { return &o.InodeFDBudget })},
 	{oKey: "posix_lock", kind: optBool, usage: "enable POSIX locks",
@@ -452,6 +498,11 @@ func (f *flagValue) Type() string {
 		return "int"
 	case optBool:
 		return "bool"
+	case optMode:
+		// What pflag's help calls a flag whose value is optional and
+		// unnamed: it then shows --posix-acl[=always], the value the
+		// bare flag means (registerFlags drops the name's back quotes).
+		return "boolfunc"
 	}
 	return "string"
 }
@@ -507,9 +558,9 @@ func applyO(o *Options, item string) error {
 			continue
 		}
 		switch {
-		case key == opt.oKey && opt.kind == optBool && !hasVal:
+		case key == opt.oKey && (opt.kind == optBool || opt.kind == optMode) && !hasVal:
 			return opt.apply(o, "true")
-		case key == "no_"+opt.oKey && opt.kind == optBool && !hasVal:
+		case key == "no_"+opt.oKey && (opt.kind == optBool || opt.kind == optMode) && !hasVal:
 			return opt.apply(o, "false")
 		case key == opt.oKey && hasVal:
 			if err := opt.apply(o, val); err != nil {
@@ -535,10 +586,16 @@ func registerFlags(flags *pflag.FlagSet, o *Options) {
 		} else if spelling := opt.oSpelling(); spelling != "" {
 			usage += "; " + spelling
 		}
+		if opt.kind == optMode {
+			usage = strings.ReplaceAll(usage, "`", "")
+		}
 		f := flags.VarPF(&flagValue{o: o, opt: opt}, name, opt.short, usage)
 		f.DefValue = opt.defaultValue(o)
-		if opt.kind == optBool {
+		switch opt.kind {
+		case optBool:
 			f.NoOptDefVal = "true"
+		case optMode:
+			f.NoOptDefVal = passthrough.NegotiateAlways
 		}
 		f.Hidden = opt.long == "" // pflag would list it as ---X: see shortOptionsUsage
 		if opt.long == "socket" {
@@ -578,6 +635,8 @@ func (opt *option) oSpelling() string {
 	switch {
 	case opt.oKey == "":
 		return ""
+	case opt.kind == optMode:
+		return "-o [no_]" + opt.oKey + "[=" + valueName(opt.usage) + "]"
 	case opt.kind != optBool:
 		return "-o " + opt.oKey + "=" + valueName(opt.usage)
 	case opt.get != nil:
@@ -626,6 +685,12 @@ func (o *Options) validate() error {
 	}
 	if _, err := passthrough.NewIDMap(o.TranslateGID); err != nil {
 		return fmt.Errorf("--translate-gid: %w", err)
+	}
+	// As the Rust daemon 1.14: an ACL names host ids, which translation
+	// would leave untranslated (the ACL xattrs pass through as they are),
+	// so the guest would see and set other users' rights.
+	if o.PosixACL != passthrough.NegotiateNever && (len(o.TranslateUID) > 0 || len(o.TranslateGID) > 0) {
+		return fmt.Errorf("--translate-uid and --translate-gid cannot be used with --posix-acl=%s: translating ids would break POSIX ACLs", o.PosixACL)
 	}
 	return nil
 }

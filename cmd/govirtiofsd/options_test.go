@@ -113,11 +113,29 @@ var parseCases = []struct {
 	{"-o no_xattr after --xattr", []string{"--xattr", "-o", "no_xattr"}, true, func(o *Options) {}},
 	{"--xattrmap", []string{"--xattrmap", ":map::user.virtiofs.:"}, true, func(o *Options) { o.XattrMap = ":map::user.virtiofs.:" }},
 	{"-o xattrmap with ,,", []string{"-o", "xattrmap=:prefix:all::a,,b:"}, true, func(o *Options) { o.XattrMap = ":prefix:all::a,b:" }},
-	{"--posix-acl", []string{"--posix-acl"}, true, func(o *Options) { o.PosixACL = true }},
-	{"-o posix_acl", []string{"-o", "posix_acl"}, true, func(o *Options) { o.PosixACL = true }},
+	// The Rust daemon 1.14's negotiation modes: never by default, the
+	// bare flag always; 1.13's boolean words keep their meaning.
+	{"--posix-acl", []string{"--posix-acl"}, true, func(o *Options) { o.PosixACL = "always" }},
+	{"--posix-acl=auto", []string{"--posix-acl=auto"}, true, func(o *Options) { o.PosixACL = "auto" }},
+	{"--posix-acl=always", []string{"--posix-acl=always"}, true, func(o *Options) { o.PosixACL = "always" }},
+	{"--posix-acl=never after auto", []string{"--posix-acl=auto", "--posix-acl=never"}, true, func(o *Options) {}},
+	{"--posix-acl=true", []string{"--posix-acl=true"}, true, func(o *Options) { o.PosixACL = "always" }},
+	{"--posix-acl=false after the bare flag", []string{"--posix-acl", "--posix-acl=false"}, true, func(o *Options) {}},
+	{"-o posix_acl", []string{"-o", "posix_acl"}, true, func(o *Options) { o.PosixACL = "always" }},
+	{"-o posix_acl=auto", []string{"-o", "posix_acl=auto"}, true, func(o *Options) { o.PosixACL = "auto" }},
 	{"-o no_posix_acl", []string{"-o", "posix_acl,no_posix_acl"}, true, func(o *Options) {}},
-	{"--security-label", []string{"--security-label"}, true, func(o *Options) { o.SecurityLabel = true }},
-	{"-o security_label", []string{"-o", "security_label"}, true, func(o *Options) { o.SecurityLabel = true }},
+	{"--security-label", []string{"--security-label"}, true, func(o *Options) { o.SecurityLabel = "always" }},
+	{"--security-label=auto", []string{"--security-label=auto"}, true, func(o *Options) { o.SecurityLabel = "auto" }},
+	{"--security-label=always", []string{"--security-label=always"}, true, func(o *Options) { o.SecurityLabel = "always" }},
+	{"--security-label=never after always", []string{"--security-label=always", "--security-label=never"}, true, func(o *Options) {}},
+	{"--security-label=1", []string{"--security-label=1"}, true, func(o *Options) { o.SecurityLabel = "always" }},
+	{"-o security_label", []string{"-o", "security_label"}, true, func(o *Options) { o.SecurityLabel = "always" }},
+	{"-o no_security_label", []string{"-o", "security_label=auto,no_security_label"}, true, func(o *Options) {}},
+	// Translation with ACLs off (never) is what the Rust daemon allows.
+	{"--translate-uid with --posix-acl=never", []string{"--posix-acl=never", "--translate-uid=guest:1000:2000:1"}, true, func(o *Options) {
+		o.TranslateUID = []string{"guest:1000:2000:1"}
+	}},
+	{"--inode-file-handles=fallback", []string{"--inode-file-handles=fallback"}, true, func(o *Options) {}},
 	// On by default (the Rust daemon 1.13's default).
 	{"--announce-submounts", []string{"--announce-submounts"}, true, func(o *Options) {}},
 	{"--no-announce-submounts", []string{"--no-announce-submounts"}, true, func(o *Options) { o.AnnounceSubmounts = false }},
@@ -326,6 +344,13 @@ func TestParseErrors(t *testing.T) {
 		{[]string{"-o", "timeout=-1"}, "seconds"},
 		{[]string{"-o", "max_idle_threads=x"}, "non-negative"},
 		{[]string{"--xattr=maybe"}, "not a boolean"},
+		{[]string{"--posix-acl=sometimes"}, "not one of never, auto, always"},
+		{[]string{"--posix-acl=Auto"}, "not one of never, auto, always"},
+		{[]string{"-o", "security_label=maybe"}, "not one of never, auto, always"},
+		{[]string{"--posix-acl", "auto"}, "unexpected arguments"}, // as the Rust daemon: only --posix-acl=auto
+		{[]string{"--posix-acl=auto", "--translate-uid=guest:1000:2000:1"}, "cannot be used with --posix-acl=auto"},
+		{[]string{"--translate-gid=host:0:0:1", "--posix-acl"}, "cannot be used with --posix-acl=always"},
+		{[]string{"-o", "posix_acl", "--translate-gid=host:0:0:1"}, "cannot be used with --posix-acl=always"},
 		{[]string{"--translate-uid=guest:1:2"}, "takes 3 numbers"},
 		{[]string{"--translate-gid=shift:1:2:3"}, "unknown type"},
 		{[]string{"--translate-uid=guest:0:10:10", "--translate-uid=squash-guest:5:1:1"}, "overlaps"},
@@ -441,7 +466,7 @@ func TestHelp(t *testing.T) {
 		}
 		var line string
 		for _, l := range strings.Split(help, "\n") {
-			if l = strings.TrimSpace(l); strings.HasPrefix(l, lead+" ") || strings.HasPrefix(l, lead+",") {
+			if l = strings.TrimSpace(l); strings.HasPrefix(l, lead+" ") || strings.HasPrefix(l, lead+",") || strings.HasPrefix(l, lead+"[=") {
 				line = l
 			}
 		}
@@ -470,6 +495,8 @@ func TestHelp(t *testing.T) {
 		`--sandbox MODE `, `(default "namespace")`, `(default "kill")`,
 		`-o [no_]posix_lock `, `(default no_posix_lock)`,
 		`-d, -o debug `, `-o OPTIONS `,
+		// As the Rust daemon 1.14 spells them (--posix-acl[=<never|auto|always>]).
+		`--posix-acl[=always] `, `--security-label[=always] `, `-o [no_]posix_acl[=MODE] (default never)`,
 	} {
 		if !strings.Contains(help, want) {
 			t.Errorf("no %q in --help:\n%s", want, help)

@@ -19,9 +19,8 @@ import (
 // a supplementary group, { u32 nr_groups; u32 groups[nr_groups] } (Linux
 // sends nr_groups 1, the parent directory's group; other clients, and the
 // Rust virtiofsd 1.14, allow several: up to MaxGroups are accepted); a
-// security context (types 0..31, their count) with SECURITY_CTX, which
-// this server never negotiates (and a restored session never carries: see
-// state.go).
+// security context (types 0..31, their count: secctx.go) with
+// SECURITY_CTX, refused in a session that did not negotiate it.
 const (
 	extHeaderSize = 8
 	extGroups     = 32
@@ -47,6 +46,7 @@ func (q *Queue) extensions(in *bufvec.Vec) syscall.Errno {
 	if err := in.Seek(start); err != nil {
 		return argErr(err)
 	}
+	q.secSeen = false
 	var b [16]byte
 	for pos := start; pos < end; {
 		if err := in.ReadFull(b[:extHeaderSize]); err != nil {
@@ -82,7 +82,9 @@ func (q *Queue) extensions(in *bufvec.Vec) syscall.Errno {
 			}
 			q.groups = gs
 		default:
-			return syscall.EINVAL
+			if errno := q.secCtxExt(in, typ, size-extHeaderSize); errno != 0 {
+				return errno
+			}
 		}
 		pos += size
 		if err := in.Seek(pos); err != nil {

@@ -40,6 +40,8 @@ type fakeFS struct {
 	dirents  []fakeDirent
 	readN    int // when > 0, READ claims this many bytes (to test bad counts)
 	dirErrAt int // when > 0, ReadDir returns errno after this many entries
+	// negotiate, when set, is the Negotiator's answer at INIT.
+	negotiate func(offered, caps uint64) (uint64, error)
 }
 
 type fakeDirent struct {
@@ -91,9 +93,26 @@ func strs(b ...[]byte) []string {
 	return s
 }
 
+// withSec adds a creation's security context to the recorded names as
+// "NAME=VALUE" (copied: it lives in the queue's scratch memory).
+func withSec(names []string, sec *SecCtx) []string {
+	if sec == nil {
+		return names
+	}
+	return append(names, string(sec.Name)+"="+string(sec.Value))
+}
+
 func (f *fakeFS) Capabilities() uint64 { return f.caps }
-func (f *fakeFS) Init(caps uint64)     { f.record("Init", nil, nil, caps) }
-func (f *fakeFS) Destroy()             { f.record("Destroy", nil, nil) }
+
+// Negotiate is fuse.Negotiator: f.negotiate, if set, has the last word.
+func (f *fakeFS) Negotiate(offered, caps uint64) (uint64, error) {
+	if f.negotiate == nil {
+		return caps, nil
+	}
+	return f.negotiate(offered, caps)
+}
+func (f *fakeFS) Init(caps uint64) { f.record("Init", nil, nil, caps) }
+func (f *fakeFS) Destroy()         { f.record("Destroy", nil, nil) }
 
 func (f *fakeFS) Lookup(h *gofuse.InHeader, name []byte, out *gofuse.EntryOut) syscall.Errno {
 	*out = f.entry
@@ -112,17 +131,17 @@ func (f *fakeFS) Readlink(h *gofuse.InHeader, buf []byte) (int, syscall.Errno) {
 	f.record("Readlink", *h, nil, uint64(len(buf)))
 	return copy(buf, f.link), f.errno
 }
-func (f *fakeFS) Symlink(h *gofuse.InHeader, groups []uint32, target, name []byte, out *gofuse.EntryOut) syscall.Errno {
+func (f *fakeFS) Symlink(h *gofuse.InHeader, groups []uint32, sec *SecCtx, target, name []byte, out *gofuse.EntryOut) syscall.Errno {
 	*out = f.entry
-	return f.record("Symlink", *h, strs(target, name), groupArgs(groups)...)
+	return f.record("Symlink", *h, withSec(strs(target, name), sec), groupArgs(groups)...)
 }
-func (f *fakeFS) Mknod(in *gofuse.MknodIn, groups []uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
+func (f *fakeFS) Mknod(in *gofuse.MknodIn, groups []uint32, sec *SecCtx, name []byte, out *gofuse.EntryOut) syscall.Errno {
 	*out = f.entry
-	return f.record("Mknod", *in, strs(name), groupArgs(groups)...)
+	return f.record("Mknod", *in, withSec(strs(name), sec), groupArgs(groups)...)
 }
-func (f *fakeFS) Mkdir(in *gofuse.MkdirIn, groups []uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
+func (f *fakeFS) Mkdir(in *gofuse.MkdirIn, groups []uint32, sec *SecCtx, name []byte, out *gofuse.EntryOut) syscall.Errno {
 	*out = f.entry
-	return f.record("Mkdir", *in, strs(name), groupArgs(groups)...)
+	return f.record("Mkdir", *in, withSec(strs(name), sec), groupArgs(groups)...)
 }
 func (f *fakeFS) Unlink(h *gofuse.InHeader, name []byte) syscall.Errno {
 	return f.record("Unlink", *h, strs(name))
@@ -141,13 +160,13 @@ func (f *fakeFS) Open(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno {
 	*out = f.open
 	return f.record("Open", *in, nil)
 }
-func (f *fakeFS) Create(in *gofuse.CreateIn, groups []uint32, name []byte, out *gofuse.CreateOut) syscall.Errno {
+func (f *fakeFS) Create(in *gofuse.CreateIn, groups []uint32, sec *SecCtx, name []byte, out *gofuse.CreateOut) syscall.Errno {
 	out.EntryOut, out.OpenOut = f.entry, f.open
-	return f.record("Create", *in, strs(name), groupArgs(groups)...)
+	return f.record("Create", *in, withSec(strs(name), sec), groupArgs(groups)...)
 }
-func (f *fakeFS) Tmpfile(in *gofuse.CreateIn, groups []uint32, out *gofuse.CreateOut) syscall.Errno {
+func (f *fakeFS) Tmpfile(in *gofuse.CreateIn, groups []uint32, sec *SecCtx, out *gofuse.CreateOut) syscall.Errno {
 	out.EntryOut, out.OpenOut = f.entry, f.open
-	return f.record("Tmpfile", *in, nil, groupArgs(groups)...)
+	return f.record("Tmpfile", *in, withSec(nil, sec), groupArgs(groups)...)
 }
 func (f *fakeFS) Read(in *gofuse.ReadIn, dst *bufvec.Vec) (int, syscall.Errno) {
 	f.record("Read", *in, nil)

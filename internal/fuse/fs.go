@@ -29,7 +29,8 @@ import (
 // negotiated) because the caller may create in the parent directory only
 // through one of them; nil when none came. At most MaxGroups, none of
 // them NoGroup; the slice is the server's scratch and must not be retained
-// after the call.
+// after the call. And sec: the security context to label the new object
+// with (SecCtx, with CAP_SECURITY_CTX negotiated), nil when none came.
 //
 // Methods are called concurrently from several queues.
 type FileSystem interface {
@@ -55,9 +56,9 @@ type FileSystem interface {
 	// Readlink writes the target into buf (PATH_MAX bytes) and returns
 	// its length.
 	Readlink(h *gofuse.InHeader, buf []byte) (int, syscall.Errno)
-	Symlink(h *gofuse.InHeader, groups []uint32, target, name []byte, out *gofuse.EntryOut) syscall.Errno
-	Mknod(in *gofuse.MknodIn, groups []uint32, name []byte, out *gofuse.EntryOut) syscall.Errno
-	Mkdir(in *gofuse.MkdirIn, groups []uint32, name []byte, out *gofuse.EntryOut) syscall.Errno
+	Symlink(h *gofuse.InHeader, groups []uint32, sec *SecCtx, target, name []byte, out *gofuse.EntryOut) syscall.Errno
+	Mknod(in *gofuse.MknodIn, groups []uint32, sec *SecCtx, name []byte, out *gofuse.EntryOut) syscall.Errno
+	Mkdir(in *gofuse.MkdirIn, groups []uint32, sec *SecCtx, name []byte, out *gofuse.EntryOut) syscall.Errno
 	Unlink(h *gofuse.InHeader, name []byte) syscall.Errno
 	Rmdir(h *gofuse.InHeader, name []byte) syscall.Errno
 	// Rename moves h.NodeId/oldName to newDir/newName; flags are
@@ -66,9 +67,9 @@ type FileSystem interface {
 	Link(in *gofuse.LinkIn, name []byte, out *gofuse.EntryOut) syscall.Errno
 
 	Open(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno
-	Create(in *gofuse.CreateIn, groups []uint32, name []byte, out *gofuse.CreateOut) syscall.Errno
+	Create(in *gofuse.CreateIn, groups []uint32, sec *SecCtx, name []byte, out *gofuse.CreateOut) syscall.Errno
 	// Tmpfile creates an unnamed file in directory in.NodeId.
-	Tmpfile(in *gofuse.CreateIn, groups []uint32, out *gofuse.CreateOut) syscall.Errno
+	Tmpfile(in *gofuse.CreateIn, groups []uint32, sec *SecCtx, out *gofuse.CreateOut) syscall.Errno
 	// Read reads up to in.Size bytes at in.Offset straight into dst (one
 	// preadv of guest memory) and returns the byte count. The server
 	// clamps in.Size to dst.Len(), the room after the reply header.

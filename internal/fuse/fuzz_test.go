@@ -3,6 +3,8 @@ package fuse
 import (
 	"encoding/binary"
 	"testing"
+
+	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 )
 
 // FuzzServe feeds arbitrary readable bytes, cut into fuzz-chosen segment
@@ -25,11 +27,17 @@ func FuzzServe(f *testing.F) {
 		}
 		f.Add(req, uint16(4096), uint8(i%9), uint8(i%5), true, true)
 	}
+	// A creation with a security context, and one with a group too.
+	mkdir := mkreq(OpMkdir, 3, argBytes(gofuse.MkdirIn{Mode: 0o755}, 8), []string{"d"}, nil)
+	sel := secCtxExt(1, secCtxBody("security.selinux", "u:r:t:s0\x00"))
+	f.Add(withExt(mkdir, sel), uint16(4096), uint8(3), uint8(0), true, true)
+	f.Add(withExt(mkdir, append(groupsExt(1, 5), sel...)), uint16(4096), uint8(0), uint8(2), true, true)
 	f.Fuzz(func(t *testing.T, req []byte, outSize uint16, inK, outK uint8, session, fixLen bool) {
 		if fixLen && len(req) >= 4 {
 			binary.LittleEndian.PutUint32(req, uint32(len(req)))
 		}
 		fs := newFakeFS()
+		fs.caps |= gofuse.CAP_SECURITY_CTX // the session parses security contexts
 		fs.dirents = testDirents
 		var q *Queue
 		if session {

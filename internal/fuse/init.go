@@ -24,7 +24,8 @@ const serverCaps = gofuse.CAP_ASYNC_READ | gofuse.CAP_BIG_WRITES | gofuse.CAP_MA
 // (reserved). Of flags2, what 7.36 to 7.45 added, one by one:
 //
 //   - SECURITY_CTX (bit 32): its request extension (a security context to
-//     create with) is not parsed here: never negotiated.
+//     create with) is parsed (secctx.go) and handed to the file system,
+//     which decides whether to negotiate it (--security-label).
 //   - HAS_INODE_DAX (33): no DAX window.
 //   - CREATE_SUPP_GROUP (34): its extension is parsed (ext.go) and handed
 //     to the file system.
@@ -55,7 +56,16 @@ const serverCaps = gofuse.CAP_ASYNC_READ | gofuse.CAP_BIG_WRITES | gofuse.CAP_MA
 // server never sends (none reaches a virtio-fs guest); 7.39's STATX and
 // 7.45's COPY_FILE_RANGE_64 are opcodes (opcode.go).
 const allowedCaps = flagsBits&^deniedCaps | gofuse.CAP_HAS_EXPIRE_ONLY | gofuse.CAP_DIRECT_IO_ALLOW_MMAP |
-	gofuse.CAP_CREATE_SUPP_GROUP | gofuse.CAP_ALLOW_IDMAP
+	gofuse.CAP_CREATE_SUPP_GROUP | gofuse.CAP_ALLOW_IDMAP | gofuse.CAP_SECURITY_CTX
+
+// Negotiator is a FileSystem that has the last word on INIT: given what
+// the guest offers and what the server would answer, it returns the
+// answer (a subset), or an error to refuse the session (a feature it was
+// told to require that the guest does not offer): INIT then fails with
+// EPROTO, and the guest's mount with it, and a previous session ends.
+type Negotiator interface {
+	Negotiate(offered, caps uint64) (uint64, error)
+}
 
 const (
 	flagsBits  = uint64(1)<<31 - 1
@@ -82,6 +92,16 @@ func (q *Queue) doInit(_, _ *bufvec.Vec) syscall.Errno {
 		offered |= uint64(a.Flags2) << 32
 	}
 	caps := offered & (q.s.fs.Capabilities() | serverCaps) & allowedCaps
+	if n, ok := q.s.fs.(Negotiator); ok {
+		c, err := n.Negotiate(offered, caps)
+		if err != nil {
+			// The guest starts anew: a previous session ends here too.
+			q.s.log.Error("FUSE INIT refused", "queue", q.index, "err", err)
+			q.doDestroy(nil, nil)
+			return syscall.EPROTO
+		}
+		caps &= c
+	}
 	minor := min(a.Minor, KernelMinor)
 
 	o.Major = KernelVersion

@@ -83,15 +83,15 @@ func (q *Queue) replyScratch(n int) []byte {
 }
 
 func (q *Queue) doSymlink(_, _ *bufvec.Vec) syscall.Errno {
-	return q.s.fs.Symlink(&q.req.InHeader, q.groups, q.name2, q.name, replyOf[gofuse.EntryOut](q))
+	return q.s.fs.Symlink(&q.req.InHeader, q.groups, q.secctx, q.name2, q.name, replyOf[gofuse.EntryOut](q))
 }
 
 func (q *Queue) doMknod(_, _ *bufvec.Vec) syscall.Errno {
-	return q.s.fs.Mknod(argsOf[gofuse.MknodIn](q), q.groups, q.name, replyOf[gofuse.EntryOut](q))
+	return q.s.fs.Mknod(argsOf[gofuse.MknodIn](q), q.groups, q.secctx, q.name, replyOf[gofuse.EntryOut](q))
 }
 
 func (q *Queue) doMkdir(_, _ *bufvec.Vec) syscall.Errno {
-	return q.s.fs.Mkdir(argsOf[gofuse.MkdirIn](q), q.groups, q.name, replyOf[gofuse.EntryOut](q))
+	return q.s.fs.Mkdir(argsOf[gofuse.MkdirIn](q), q.groups, q.secctx, q.name, replyOf[gofuse.EntryOut](q))
 }
 
 func (q *Queue) doUnlink(_, _ *bufvec.Vec) syscall.Errno {
@@ -120,11 +120,11 @@ func (q *Queue) doOpendir(_, _ *bufvec.Vec) syscall.Errno {
 }
 
 func (q *Queue) doCreate(_, _ *bufvec.Vec) syscall.Errno {
-	return q.s.fs.Create(argsOf[gofuse.CreateIn](q), q.groups, q.name, replyOf[gofuse.CreateOut](q))
+	return q.s.fs.Create(argsOf[gofuse.CreateIn](q), q.groups, q.secctx, q.name, replyOf[gofuse.CreateOut](q))
 }
 
 func (q *Queue) doTmpfile(_, _ *bufvec.Vec) syscall.Errno {
-	return q.s.fs.Tmpfile(argsOf[gofuse.CreateIn](q), q.groups, replyOf[gofuse.CreateOut](q))
+	return q.s.fs.Tmpfile(argsOf[gofuse.CreateIn](q), q.groups, q.secctx, replyOf[gofuse.CreateOut](q))
 }
 
 func (q *Queue) doRead(_, out *bufvec.Vec) syscall.Errno {

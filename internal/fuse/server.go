@@ -129,6 +129,12 @@ type Queue struct {
 	// carry (in groupBuf), nil without any.
 	groups   []uint32
 	groupBuf [MaxGroups]uint32
+	// secctx is the security context a creation request carries
+	// (secctx.go), nil without one; secBody and secBuf hold it.
+	secctx  *SecCtx
+	secSeen bool
+	secBody SecCtx
+	secBuf  []byte
 
 	// rbuf is the out header, then a fixed reply's payload, which the file
 	// system fills in place as a go-fuse struct: [0]uint64 aligns it.
@@ -223,7 +229,7 @@ func (q *Queue) dispatch(op *opcode, in, out *bufvec.Vec) syscall.Errno {
 // a fixed reply payload, which it zeroes.
 func (q *Queue) decode(op *opcode, in, out *bufvec.Vec) syscall.Errno {
 	h := &q.req.InHeader
-	q.groups = nil
+	q.groups, q.secctx = nil, nil
 	if int(h.Length) != in.Size() {
 		// The header's length must describe exactly what the chain
 		// holds.

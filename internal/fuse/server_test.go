@@ -148,7 +148,7 @@ func TestInitNegotiation(t *testing.T) {
 		{name: "7.36 INIT_EXT", major: 7, minor: 36, argSize: 64, flags: base | gofuse.CAP_INIT_EXT,
 			flags2: kernelInitFlags2, fsCaps: gofuse.CAP_HAS_EXPIRE_ONLY | gofuse.CAP_SECURITY_CTX | gofuse.CAP_CREATE_SUPP_GROUP,
 			wantMinor: 36, wantFlags: base | gofuse.CAP_INIT_EXT,
-			wantFlags2: uint32((gofuse.CAP_HAS_EXPIRE_ONLY | gofuse.CAP_CREATE_SUPP_GROUP) >> 32), session: true},
+			wantFlags2: uint32((gofuse.CAP_HAS_EXPIRE_ONLY | gofuse.CAP_SECURITY_CTX | gofuse.CAP_CREATE_SUPP_GROUP) >> 32), session: true},
 		{name: "7.38 Linux 6.1", major: 7, minor: 38, argSize: 64, flags: kernelInitFlags, flags2: kernelInitFlags2,
 			fsCaps: gofuse.CAP_READDIRPLUS | gofuse.CAP_READDIRPLUS_AUTO | gofuse.CAP_SUBMOUNTS | gofuse.CAP_DIRECT_IO_ALLOW_MMAP |
 				gofuse.CAP_MAP_ALIGNMENT | gofuse.CAP_SPLICE_MOVE | gofuse.CAP_IOCTL_DIR,

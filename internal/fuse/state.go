@@ -321,7 +321,10 @@ func (s *Server) rustSession(mounted bool, negotiated uint64) (*session, error) 
 		return nil, nil
 	}
 	fsCaps := s.fs.Capabilities()
-	want := fsCaps&(gofuse.CAP_READDIRPLUS|gofuse.CAP_READDIRPLUS_AUTO|gofuse.CAP_HANDLE_KILLPRIV_V2) |
+	// The stream does not say whether the source had --security-label:
+	// as for readdirplus, the destination is assumed configured as the
+	// source was, and its guest then sends security contexts.
+	want := fsCaps&(gofuse.CAP_READDIRPLUS|gofuse.CAP_READDIRPLUS_AUTO|gofuse.CAP_HANDLE_KILLPRIV_V2|gofuse.CAP_SECURITY_CTX) |
 		negotiated&(gofuse.CAP_WRITEBACK_CACHE|gofuse.CAP_POSIX_ACL|gofuse.CAP_DONT_MASK|gofuse.CAP_SETXATTR_EXT)
 	caps := linuxInitFlags & (rustSupported | want)
 	// The stream says whether the guest offered CREATE_SUPP_GROUP

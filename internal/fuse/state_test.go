@@ -231,6 +231,10 @@ func TestStateRustSession(t *testing.T) {
 			want: linux612Rust | gofuse.CAP_HANDLE_KILLPRIV_V2},
 		{name: "no readdirplus here", fsCaps: ours &^ (gofuse.CAP_READDIRPLUS | gofuse.CAP_READDIRPLUS_AUTO), negotiated: supp | subm,
 			mounted: true, want: linux612Rust &^ (gofuse.CAP_READDIRPLUS | gofuse.CAP_READDIRPLUS_AUTO)},
+		// The Rust stream does not record --security-label: taken from
+		// the destination's options, as readdirplus.
+		{name: "security labels here", fsCaps: ours | gofuse.CAP_SECURITY_CTX, negotiated: supp | subm, mounted: true,
+			want: linux612Rust | gofuse.CAP_SECURITY_CTX},
 		{name: "not mounted", fsCaps: ours, mounted: false},
 		{name: "writeback off here", fsCaps: ours, negotiated: supp | subm | wb, mounted: true, err: "are off here"},
 		{name: "no ATOMIC_O_TRUNC here", fsCaps: ours &^ gofuse.CAP_ATOMIC_O_TRUNC, negotiated: supp | subm, mounted: true,
@@ -273,7 +277,56 @@ func TestStateRustSession(t *testing.T) {
 			if r := serve(t, q, req, 0, 16+entryOutSize, 0); errnoOf(r) != 0 {
 				t.Fatalf("MKDIR with a group: %d", errnoOf(r))
 			}
+			// A security context is served in a session with
+			// SECURITY_CTX, refused in one without.
+			req = withExt(mkreq(OpMkdir, 5, argBytes(gofuse.MkdirIn{Mode: 0o755}, 8), []string{"d"}, nil),
+				secCtxExt(1, secCtxBody("security.selinux", "u:r:t:s0")))
+			wantErr := int32(0)
+			if tc.want&gofuse.CAP_SECURITY_CTX == 0 {
+				wantErr = -int32(syscall.EINVAL)
+			}
+			if r := serve(t, q, req, 0, 16+entryOutSize, 0); errnoOf(r) != wantErr {
+				t.Fatalf("MKDIR with a security context: %d, want %d", errnoOf(r), wantErr)
+			}
 		})
+	}
+}
+
+// TestStateSecurityCtx: a session with SECURITY_CTX migrates to a
+// destination with --security-label, which then serves the guest's
+// contexts; one without refuses the state (its guest would send
+// contexts it cannot set).
+func TestStateSecurityCtx(t *testing.T) {
+	src := newMigFS()
+	src.caps |= gofuse.CAP_SECURITY_CTX
+	s, _ := newSession(t, src.fakeFS)
+	s.fs = src
+	src.mounted = true
+	ss, _ := s.Session()
+	if ss.Caps&gofuse.CAP_SECURITY_CTX == 0 {
+		t.Fatalf("source session %#x", ss.Caps)
+	}
+	src.negotiated = ss.Caps & negotiatedBits
+	b := saveServer(t, s)
+
+	off := newMigFS()
+	if err := NewServer(off, ServerOptions{}, debugLogger()).LoadState(bytes.NewReader(b)); err == nil ||
+		!strings.Contains(err.Error(), "0x100000000") {
+		t.Fatalf("destination without security labels: %v", err)
+	}
+	on := newMigFS()
+	on.caps |= gofuse.CAP_SECURITY_CTX
+	d := NewServer(on, ServerOptions{}, debugLogger())
+	if err := d.LoadState(bytes.NewReader(b)); err != nil {
+		t.Fatal(err)
+	}
+	req := withExt(mkreq(OpMkdir, 5, argBytes(gofuse.MkdirIn{Mode: 0o755}, 8), []string{"d"}, nil),
+		secCtxExt(1, secCtxBody("security.selinux", "u:r:t:s0")))
+	if r := serve(t, d.Queue(1), req, 0, 16+entryOutSize, 0); errnoOf(r) != 0 {
+		t.Fatalf("MKDIR with a context after the migration: %d", errnoOf(r))
+	}
+	if c := on.lastCalls(); len(c) == 0 || !slices.Contains(c[len(c)-1].Names, "security.selinux=u:r:t:s0") {
+		t.Fatalf("calls %+v", c)
 	}
 }
 

@@ -30,8 +30,10 @@ func (f *FS) dirToChange(node uint64, name []byte) (iref, syscall.Errno) {
 }
 
 // createEntry runs mk (the creating *at call on dir) with the caller's
-// credentials, then looks the new name up, filling out.
-func (f *FS) createEntry(h *gofuse.InHeader, groups []uint32, umask uint32, name []byte, out *gofuse.EntryOut,
+// credentials, labels the new object with sec (if not nil: secctx.go),
+// then looks the new name up, filling out. rmdir says mk makes a
+// directory.
+func (f *FS) createEntry(h *gofuse.InHeader, groups []uint32, umask uint32, sec *SecCtx, rmdir bool, name []byte, out *gofuse.EntryOut,
 	mk func(dirfd int, name *byte) syscall.Errno) syscall.Errno {
 	dir, errno := f.dirToChange(h.NodeId, name)
 	if errno != 0 {
@@ -44,25 +46,30 @@ func (f *FS) createEntry(h *gofuse.InHeader, groups []uint32, umask uint32, name
 	if errno != 0 {
 		return errno
 	}
+	if sec != nil {
+		if errno := f.labelName(dir.fd, p, sec, rmdir); errno != 0 {
+			return errno
+		}
+	}
 	return f.lookupName(dir, name, out)
 }
 
 // Mkdir creates a directory (groups: see asCaller).
-func (f *FS) Mkdir(in *gofuse.MkdirIn, groups []uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
-	return f.createEntry(&in.InHeader, groups, in.Umask, name, out, func(dirfd int, p *byte) syscall.Errno {
+func (f *FS) Mkdir(in *gofuse.MkdirIn, groups []uint32, sec *SecCtx, name []byte, out *gofuse.EntryOut) syscall.Errno {
+	return f.createEntry(&in.InHeader, groups, in.Umask, sec, true, name, out, func(dirfd int, p *byte) syscall.Errno {
 		return sysMkdirat(dirfd, p, in.Mode&0o7777)
 	})
 }
 
 // Mknod creates a special file or a regular file.
-func (f *FS) Mknod(in *gofuse.MknodIn, groups []uint32, name []byte, out *gofuse.EntryOut) syscall.Errno {
-	return f.createEntry(&in.InHeader, groups, in.Umask, name, out, func(dirfd int, p *byte) syscall.Errno {
+func (f *FS) Mknod(in *gofuse.MknodIn, groups []uint32, sec *SecCtx, name []byte, out *gofuse.EntryOut) syscall.Errno {
+	return f.createEntry(&in.InHeader, groups, in.Umask, sec, false, name, out, func(dirfd int, p *byte) syscall.Errno {
 		return sysMknodat(dirfd, p, in.Mode, uint64(in.Rdev))
 	})
 }
 
 // Symlink creates name in h.NodeId pointing to target (never followed).
-func (f *FS) Symlink(h *gofuse.InHeader, groups []uint32, target, name []byte, out *gofuse.EntryOut) syscall.Errno {
+func (f *FS) Symlink(h *gofuse.InHeader, groups []uint32, sec *SecCtx, target, name []byte, out *gofuse.EntryOut) syscall.Errno {
 	if len(target) == 0 || bytes.IndexByte(target, 0) >= 0 {
 		return syscall.EINVAL
 	}
@@ -71,7 +78,7 @@ func (f *FS) Symlink(h *gofuse.InHeader, groups []uint32, target, name []byte, o
 	}
 	t := make([]byte, len(target)+1)
 	copy(t, target)
-	return f.createEntry(h, groups, 0, name, out, func(dirfd int, p *byte) syscall.Errno {
+	return f.createEntry(h, groups, 0, sec, false, name, out, func(dirfd int, p *byte) syscall.Errno {
 		return sysSymlinkat(&t[0], dirfd, p)
 	})
 }

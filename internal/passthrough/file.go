@@ -83,7 +83,7 @@ func (f *FS) Open(in *gofuse.OpenIn, out *gofuse.OpenOut) syscall.Errno {
 // Create creates and opens name in in.NodeId with O_CREAT|O_EXCL as the
 // caller; an existing file is opened instead (as an OPEN would) unless the
 // guest asked for O_EXCL.
-func (f *FS) Create(in *gofuse.CreateIn, groups []uint32, name []byte, out *gofuse.CreateOut) syscall.Errno {
+func (f *FS) Create(in *gofuse.CreateIn, groups []uint32, sec *SecCtx, name []byte, out *gofuse.CreateOut) syscall.Errno {
 	dir, errno := f.dirToChange(in.NodeId, name)
 	if errno != 0 {
 		return errno
@@ -91,12 +91,21 @@ func (f *FS) Create(in *gofuse.CreateIn, groups []uint32, name []byte, out *gofu
 	defer dir.put()
 	fl := f.hostOpenFlags(in.Flags)
 	var cn cname
-	fd, errno := f.openAsCaller(in, groups, dir.fd, cn.set(name), fl|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW)
+	p := cn.set(name)
+	fd, errno := f.openAsCaller(in, groups, dir.fd, p, fl|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW)
 	if errno == syscall.EEXIST && in.Flags&unix.O_EXCL == 0 {
+		// Not created here: it keeps its label.
 		return f.createOpenExisting(dir, name, fl, in.OpenFlags, out)
 	}
 	if errno != 0 {
 		return errno
+	}
+	if sec != nil {
+		if errno := f.labelFD(fd, sec); errno != 0 {
+			sysClose(fd)
+			sysUnlinkat(dir.fd, p, 0)
+			return errno
+		}
 	}
 	return f.finishCreate(fd, fl, dir, name, out)
 }
@@ -179,7 +188,7 @@ func (f *FS) finishCreate(fd int, fl int, dir iref, name []byte, out *gofuse.Cre
 }
 
 // Tmpfile creates an unnamed regular file (O_TMPFILE) in in.NodeId.
-func (f *FS) Tmpfile(in *gofuse.CreateIn, groups []uint32, out *gofuse.CreateOut) syscall.Errno {
+func (f *FS) Tmpfile(in *gofuse.CreateIn, groups []uint32, sec *SecCtx, out *gofuse.CreateOut) syscall.Errno {
 	dir, errno := f.writableDir(in.NodeId)
 	if errno != 0 {
 		return errno
@@ -193,6 +202,12 @@ func (f *FS) Tmpfile(in *gofuse.CreateIn, groups []uint32, out *gofuse.CreateOut
 	fd, errno := f.openAsCaller(in, groups, dir.fd, &dotPath[0], fl|unix.O_TMPFILE)
 	if errno != 0 {
 		return errno
+	}
+	if sec != nil {
+		if errno := f.labelFD(fd, sec); errno != 0 {
+			sysClose(fd) // unnamed: it goes with its last fd
+			return errno
+		}
 	}
 	return f.finishCreate(fd, fl, dir, nil, out)
 }

@@ -283,6 +283,37 @@ func (f *FS) Close() error {
 	return nil
 }
 
+// aclCaps are the capabilities POSIX ACLs need together: the guest
+// enforces ACLs (POSIX_ACL), sends modes unmasked (DONT_MASK) and says
+// when a SETXATTR of an ACL must clear SGID (SETXATTR_EXT).
+const aclCaps = gofuse.CAP_POSIX_ACL | gofuse.CAP_DONT_MASK | gofuse.CAP_SETXATTR_EXT
+
+// Negotiate completes INIT's answer (fuse.Negotiator), as the Rust
+// virtiofsd 1.14 does: POSIX ACLs go on only if the guest offers all of
+// aclCaps; a feature the options require (always) that the guest does not
+// offer refuses the session, one they merely offer (auto) is left off.
+func (f *FS) Negotiate(offered, caps uint64) (uint64, error) {
+	o := &f.opts
+	if o.PosixACL && offered&aclCaps != aclCaps {
+		if o.RequirePosixACL {
+			return 0, fmt.Errorf("--posix-acl=always: the guest does not offer FUSE_POSIX_ACL, DONT_MASK and SETXATTR_EXT (offered %#x)", offered)
+		}
+		f.log.Warn("POSIX ACLs asked for, but the guest does not support them: continuing without (--posix-acl=auto)")
+		caps &^= aclCaps
+	}
+	if o.SecurityLabel && offered&gofuse.CAP_SECURITY_CTX == 0 {
+		if o.RequireSecurityLabel {
+			return 0, fmt.Errorf("--security-label=always: the guest does not offer FUSE_SECURITY_CTX")
+		}
+		f.log.Warn("security labels asked for, but the guest does not offer FUSE_SECURITY_CTX: continuing without (--security-label=auto)")
+	}
+	return caps, nil
+}
+
+// aclOn says whether the session negotiated POSIX ACLs: without, the
+// guest enforces none, so their xattrs are refused and hidden.
+func (f *FS) aclOn() bool { return f.caps.Load()&gofuse.CAP_POSIX_ACL != 0 }
+
 // Capabilities returns the CAP_* bits the options call for.
 func (f *FS) Capabilities() uint64 {
 	c := uint64(gofuse.CAP_ASYNC_READ | gofuse.CAP_PARALLEL_DIROPS | gofuse.CAP_EXPORT_SUPPORT |
@@ -290,6 +321,9 @@ func (f *FS) Capabilities() uint64 {
 		gofuse.CAP_ASYNC_DIO)
 	o := &f.opts
 	c |= optionCaps(o.Writeback, o.PosixACL, o.AnnounceSubmounts)
+	if o.SecurityLabel {
+		c |= gofuse.CAP_SECURITY_CTX
+	}
 	if o.KillprivV2 {
 		c |= gofuse.CAP_HANDLE_KILLPRIV_V2
 	}

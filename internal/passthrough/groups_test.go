@@ -30,7 +30,7 @@ func TestCreateSeveralGroups(t *testing.T) {
 	g1, g2 := tf.lookup(rootID, "g1").NodeId, tf.lookup(rootID, "g2").NodeId
 	var eo gofuse.EntryOut
 	mkdir := func(dir uint64, name string, groups []uint32) syscall.Errno {
-		return tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdrAs(dir, 1000, 1000), Mode: 0o755}, groups, []byte(name), &eo)
+		return tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdrAs(dir, 1000, 1000), Mode: 0o755}, groups, nil, []byte(name), &eo)
 	}
 	both := []uint32{4240, 4241, 4242}
 	for _, tc := range []struct {
@@ -82,13 +82,13 @@ func TestInvalidUIDGID(t *testing.T) {
 		var eo gofuse.EntryOut
 		var co gofuse.CreateOut
 		for _, id := range [][2]uint32{{invalidUIDGID, 0}, {0, invalidUIDGID}, {invalidUIDGID, invalidUIDGID}} {
-			if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdrAs(rootID, id[0], id[1]), Mode: 0o755}, noGroup, []byte("d"), &eo); errno != syscall.EOVERFLOW {
+			if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdrAs(rootID, id[0], id[1]), Mode: 0o755}, noGroup, nil, []byte("d"), &eo); errno != syscall.EOVERFLOW {
 				t.Fatalf("mkdir as %v: %v, want EOVERFLOW", id, errno)
 			}
-			if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdrAs(rootID, id[0], id[1]), Flags: unix.O_RDWR, Mode: 0o644}, noGroup, []byte("f"), &co); errno != syscall.EOVERFLOW {
+			if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdrAs(rootID, id[0], id[1]), Flags: unix.O_RDWR, Mode: 0o644}, noGroup, nil, []byte("f"), &co); errno != syscall.EOVERFLOW {
 				t.Fatalf("create as %v: %v, want EOVERFLOW", id, errno)
 			}
-			if errno := tf.Symlink(hdrAs(rootID, id[0], id[1]), noGroup, []byte("t"), []byte("s"), &eo); errno != syscall.EOVERFLOW {
+			if errno := tf.Symlink(hdrAs(rootID, id[0], id[1]), noGroup, nil, []byte("t"), []byte("s"), &eo); errno != syscall.EOVERFLOW {
 				t.Fatalf("symlink as %v: %v, want EOVERFLOW", id, errno)
 			}
 		}

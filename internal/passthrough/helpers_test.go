@@ -106,7 +106,7 @@ func (tf *testFS) create(parent uint64, name string, flags, mode uint32) gofuse.
 	tf.t.Helper()
 	var out gofuse.CreateOut
 	in := &gofuse.CreateIn{InHeader: *hdr(parent), Flags: flags, Mode: mode}
-	if errno := tf.Create(in, noGroup, []byte(name), &out); errno != 0 {
+	if errno := tf.Create(in, noGroup, nil, []byte(name), &out); errno != 0 {
 		tf.t.Fatalf("create %q: %v", name, errno)
 	}
 	return out
@@ -157,7 +157,7 @@ func (tf *testFS) read(node, fh uint64, off uint64, size int) []byte {
 func (tf *testFS) mkdir(parent uint64, name string, mode uint32) gofuse.EntryOut {
 	tf.t.Helper()
 	var out gofuse.EntryOut
-	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdr(parent), Mode: mode}, noGroup, []byte(name), &out); errno != 0 {
+	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdr(parent), Mode: mode}, noGroup, nil, []byte(name), &out); errno != 0 {
 		tf.t.Fatalf("mkdir %q: %v", name, errno)
 	}
 	return out

@@ -140,7 +140,7 @@ func TestTranslateOnRequests(t *testing.T) {
 	os.Chmod(tf.dir, 0o777)
 
 	var e gofuse.EntryOut
-	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdrAs(rootID, 1001, 5), Mode: 0o755}, noGroup, []byte("d"), &e); errno != 0 {
+	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdrAs(rootID, 1001, 5), Mode: 0o755}, noGroup, nil, []byte("d"), &e); errno != 0 {
 		t.Fatal(errno)
 	}
 	if st := statHost(t, tf.path("d")); st.Uid != 2001 || st.Gid != 3000 {
@@ -150,14 +150,14 @@ func TestTranslateOnRequests(t *testing.T) {
 		t.Errorf("MKDIR reply owner %d:%d, want 1001:7", e.Attr.Uid, e.Attr.Gid)
 	}
 	var co gofuse.CreateOut
-	if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdrAs(e.NodeId, 1001, 5), Flags: unix.O_RDWR, Mode: 0o600}, noGroup, []byte("f"), &co); errno != 0 {
+	if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdrAs(e.NodeId, 1001, 5), Flags: unix.O_RDWR, Mode: 0o600}, noGroup, nil, []byte("f"), &co); errno != 0 {
 		t.Fatal(errno)
 	}
 	tf.release(co.NodeId, co.Fh)
 	if st := statHost(t, tf.path("d/f")); st.Uid != 2001 || st.Gid != 3000 {
 		t.Errorf("CREATE: host owner %d:%d, want 2001:3000", st.Uid, st.Gid)
 	}
-	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdrAs(rootID, 666, 5), Mode: 0o755}, noGroup, []byte("x"), &e); errno != syscall.EPERM {
+	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdrAs(rootID, 666, 5), Mode: 0o755}, noGroup, nil, []byte("x"), &e); errno != syscall.EPERM {
 		t.Errorf("MKDIR as forbidden guest uid 666: %v, want EPERM", errno)
 	}
 

@@ -89,8 +89,8 @@ func negotiatedCaps(o migstate.Negotiated) uint64 {
 // checkNegotiated refuses, as the Rust daemon does, a state whose source
 // had writeback, announce_submounts or POSIX ACLs on when they are off
 // here: the guest relies on them and would send no new INIT to learn
-// otherwise. A Rust source with --security-label had the guest negotiate
-// FUSE_SECURITY_CTX, whose request extension this daemon does not parse.
+// otherwise. (A Rust source's --security-label is not in its stream: the
+// session rebuilt for it assumes the destination's, fuse/state.go.)
 func (f *FS) checkNegotiated(s *migstate.State) error {
 	o := &f.opts
 	switch {
@@ -100,8 +100,6 @@ func (f *FS) checkNegotiated(s *migstate.State) error {
 		return fmt.Errorf("the migration source announces submounts; that is off here (--no-announce-submounts)")
 	case s.Opts.PosixACL && !o.PosixACL:
 		return fmt.Errorf("the migration source has POSIX ACLs on; they are off here (--posix-acl)")
-	case !s.Ours && o.SecurityLabel && len(s.Inodes) > 0:
-		return fmt.Errorf("a Rust virtiofsd session with --security-label negotiated FUSE_SECURITY_CTX, which this daemon does not serve")
 	}
 	return nil
 }

@@ -415,13 +415,17 @@ func checkStale(t *testing.T, f *testFS, u, fh, gone, keep uint64) {
 		"statx":         func() syscall.Errno { return f.Statx(&gofuse.StatxIn{InHeader: h(u)}, &xo) },
 		"lookup":        func() syscall.Errno { return f.Lookup(hdr(gone), []byte("x"), &eo) },
 		"lookup dotdot": func() syscall.Errno { return f.Lookup(hdr(gone), []byte(".."), &eo) },
-		"mkdir":         func() syscall.Errno { return f.Mkdir(&gofuse.MkdirIn{InHeader: h(gone)}, noGroup, []byte("x"), &eo) },
-		"mkdir in file": func() syscall.Errno { return f.Mkdir(&gofuse.MkdirIn{InHeader: h(u)}, noGroup, []byte("x"), &eo) },
-		"create":        func() syscall.Errno { return f.Create(&gofuse.CreateIn{InHeader: h(gone)}, noGroup, []byte("x"), &co) },
-		"tmpfile":       func() syscall.Errno { return f.Tmpfile(&gofuse.CreateIn{InHeader: h(gone)}, noGroup, &co) },
-		"unlink":        func() syscall.Errno { return f.Unlink(hdr(gone), []byte("x")) },
-		"rename from":   func() syscall.Errno { return f.Rename(hdr(gone), rootID, 0, []byte("x"), []byte("y")) },
-		"rename to":     func() syscall.Errno { return f.Rename(hdr(rootID), gone, 0, []byte("keep"), []byte("y")) },
+		"mkdir": func() syscall.Errno {
+			return f.Mkdir(&gofuse.MkdirIn{InHeader: h(gone)}, noGroup, nil, []byte("x"), &eo)
+		},
+		"mkdir in file": func() syscall.Errno { return f.Mkdir(&gofuse.MkdirIn{InHeader: h(u)}, noGroup, nil, []byte("x"), &eo) },
+		"create": func() syscall.Errno {
+			return f.Create(&gofuse.CreateIn{InHeader: h(gone)}, noGroup, nil, []byte("x"), &co)
+		},
+		"tmpfile":     func() syscall.Errno { return f.Tmpfile(&gofuse.CreateIn{InHeader: h(gone)}, noGroup, nil, &co) },
+		"unlink":      func() syscall.Errno { return f.Unlink(hdr(gone), []byte("x")) },
+		"rename from": func() syscall.Errno { return f.Rename(hdr(gone), rootID, 0, []byte("x"), []byte("y")) },
+		"rename to":   func() syscall.Errno { return f.Rename(hdr(rootID), gone, 0, []byte("keep"), []byte("y")) },
 		"link": func() syscall.Errno {
 			return f.Link(&gofuse.LinkIn{InHeader: h(rootID), Oldnodeid: u}, []byte("y"), &eo)
 		},

@@ -158,7 +158,7 @@ func (f *FS) xattrName(name []byte, cn *cname) (*byte, syscall.Errno) {
 	if errno := checkXattrName(name); errno != 0 {
 		return nil, errno
 	}
-	if !f.opts.PosixACL && bytes.HasPrefix(name, aclPrefix) {
+	if !f.aclOn() && bytes.HasPrefix(name, aclPrefix) {
 		// The guest kernel enforces no ACLs without FUSE_POSIX_ACL;
 		// the host must not apply ones it would ignore.
 		return nil, syscall.EOPNOTSUPP
@@ -294,7 +294,7 @@ func (f *FS) ListXAttr(h *gofuse.InHeader, dst []byte) (int, syscall.Errno) {
 			return e
 		})
 	}
-	if f.xmap == nil && f.opts.PosixACL {
+	if f.xmap == nil && f.aclOn() {
 		errno = list(dst)
 		return n, errno
 	}
@@ -337,7 +337,7 @@ func (f *FS) filterXattrList(all []byte) []byte {
 		if len(name) == 0 {
 			continue
 		}
-		if !f.opts.PosixACL && bytes.HasPrefix(name, aclPrefix) {
+		if !f.aclOn() && bytes.HasPrefix(name, aclPrefix) {
 			continue
 		}
 		if f.xmap != nil {

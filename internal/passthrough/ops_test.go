@@ -127,11 +127,11 @@ func TestNameValidation(t *testing.T) {
 			t.Errorf("lookup %q: %v, want %v", name, errno, want)
 		}
 		var eo gofuse.EntryOut
-		if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdr(rootID), Mode: 0o755}, noGroup, []byte(name), &eo); errno != want {
+		if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdr(rootID), Mode: 0o755}, noGroup, nil, []byte(name), &eo); errno != want {
 			t.Errorf("mkdir %q: %v, want %v", name, errno, want)
 		}
 		var co gofuse.CreateOut
-		if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdr(rootID), Flags: unix.O_RDWR, Mode: 0o644}, noGroup, []byte(name), &co); errno != want {
+		if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdr(rootID), Flags: unix.O_RDWR, Mode: 0o644}, noGroup, nil, []byte(name), &co); errno != want {
 			t.Errorf("create %q: %v, want %v", name, errno, want)
 		}
 		if errno := tf.Unlink(hdr(rootID), []byte(name)); errno != want {
@@ -147,7 +147,7 @@ func TestNameValidation(t *testing.T) {
 	// "." and ".." are refused where they would name something else.
 	for _, name := range []string{".", ".."} {
 		var eo gofuse.EntryOut
-		if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdr(rootID), Mode: 0o755}, noGroup, []byte(name), &eo); errno != syscall.EINVAL {
+		if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdr(rootID), Mode: 0o755}, noGroup, nil, []byte(name), &eo); errno != syscall.EINVAL {
 			t.Errorf("mkdir %q: %v", name, errno)
 		}
 		if errno := tf.Rmdir(hdr(rootID), []byte(name)); errno != syscall.EINVAL {
@@ -346,7 +346,7 @@ func TestCreateOpenReadWrite(t *testing.T) {
 	}
 	// O_EXCL on an existing name.
 	var co gofuse.CreateOut
-	if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdr(rootID), Flags: unix.O_RDWR | unix.O_EXCL, Mode: 0o644}, noGroup, []byte("f"), &co); errno != syscall.EEXIST {
+	if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdr(rootID), Flags: unix.O_RDWR | unix.O_EXCL, Mode: 0o644}, noGroup, nil, []byte("f"), &co); errno != syscall.EEXIST {
 		t.Fatalf("create O_EXCL existing: %v", errno)
 	}
 	// Without O_EXCL the existing file is opened (and truncated).
@@ -456,7 +456,7 @@ func TestMknodSpecialFilesAreNotOpened(t *testing.T) {
 	}
 	for _, s := range specials {
 		var e gofuse.EntryOut
-		if errno := tf.Mknod(&gofuse.MknodIn{InHeader: *hdr(rootID), Mode: s.mode, Rdev: s.rdev}, noGroup, []byte(s.name), &e); errno != 0 {
+		if errno := tf.Mknod(&gofuse.MknodIn{InHeader: *hdr(rootID), Mode: s.mode, Rdev: s.rdev}, noGroup, nil, []byte(s.name), &e); errno != 0 {
 			t.Fatalf("mknod %s: %v", s.name, errno)
 		}
 		if e.Mode != s.mode || e.Rdev != s.rdev {
@@ -477,7 +477,7 @@ func TestMknodSpecialFilesAreNotOpened(t *testing.T) {
 		}
 		// CREATE without O_EXCL of the existing name must not open it either.
 		var co gofuse.CreateOut
-		if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdr(rootID), Flags: unix.O_RDONLY, Mode: 0o644}, noGroup, []byte(s.name), &co); errno != syscall.EBADF {
+		if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdr(rootID), Flags: unix.O_RDONLY, Mode: 0o644}, noGroup, nil, []byte(s.name), &co); errno != syscall.EBADF {
 			t.Errorf("create over %s: %v", s.name, errno)
 		}
 		var ao gofuse.AttrOut
@@ -497,7 +497,7 @@ func TestMkdirRmdirUnlinkRename(t *testing.T) {
 		t.Fatalf("mkdir mode %o", d.Mode)
 	}
 	var eo gofuse.EntryOut
-	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdr(rootID), Mode: 0o755}, noGroup, []byte("d"), &eo); errno != syscall.EEXIST {
+	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdr(rootID), Mode: 0o755}, noGroup, nil, []byte("d"), &eo); errno != syscall.EEXIST {
 		t.Fatalf("mkdir existing: %v", errno)
 	}
 	c := tf.create(d.NodeId, "f", unix.O_WRONLY, 0o644)
@@ -546,7 +546,7 @@ func TestMkdirRmdirUnlinkRename(t *testing.T) {
 func TestSymlinkLinkReadlink(t *testing.T) {
 	tf := newTestFS(t, Options{})
 	var s gofuse.EntryOut
-	if errno := tf.Symlink(hdr(rootID), noGroup, []byte("/etc/passwd"), []byte("s"), &s); errno != 0 {
+	if errno := tf.Symlink(hdr(rootID), noGroup, nil, []byte("/etc/passwd"), []byte("s"), &s); errno != 0 {
 		t.Fatal(errno)
 	}
 	if s.Mode&unix.S_IFMT != unix.S_IFLNK {
@@ -555,7 +555,7 @@ func TestSymlinkLinkReadlink(t *testing.T) {
 	if tgt, _ := os.Readlink(tf.path("s")); tgt != "/etc/passwd" {
 		t.Fatalf("host link %q", tgt)
 	}
-	if errno := tf.Symlink(hdr(rootID), noGroup, nil, []byte("e"), &s); errno != syscall.EINVAL {
+	if errno := tf.Symlink(hdr(rootID), noGroup, nil, nil, []byte("e"), &s); errno != syscall.EINVAL {
 		t.Fatalf("empty target: %v", errno)
 	}
 	// Hard link of a symlink links the symlink itself.
@@ -775,7 +775,7 @@ func TestKillPriv(t *testing.T) {
 	tf.Forget(e.NodeId, 1)
 	e, p = mk(0o6755)
 	var co gofuse.CreateOut
-	if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdr(rootID), Flags: unix.O_WRONLY | unix.O_TRUNC, Mode: 0o644, OpenFlags: gofuse.OPEN_KILL_SUIDGID}, noGroup, []byte("f"), &co); errno != 0 {
+	if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdr(rootID), Flags: unix.O_WRONLY | unix.O_TRUNC, Mode: 0o644, OpenFlags: gofuse.OPEN_KILL_SUIDGID}, noGroup, nil, []byte("f"), &co); errno != 0 {
 		t.Fatal(errno)
 	}
 	if got := mode(p); got != 0o755 {
@@ -799,19 +799,19 @@ func TestCredentialsOnCreate(t *testing.T) {
 	tf := newTestFS(t, Options{})
 	os.Chmod(tf.dir, 0o777)
 	var e gofuse.EntryOut
-	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdrAs(rootID, 1000, 1001), Mode: 0o755}, noGroup, []byte("d"), &e); errno != 0 {
+	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdrAs(rootID, 1000, 1001), Mode: 0o755}, noGroup, nil, []byte("d"), &e); errno != 0 {
 		t.Fatal(errno)
 	}
 	var co gofuse.CreateOut
-	if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdrAs(e.NodeId, 1000, 1001), Flags: unix.O_RDWR, Mode: 0o600}, noGroup, []byte("f"), &co); errno != 0 {
+	if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdrAs(e.NodeId, 1000, 1001), Flags: unix.O_RDWR, Mode: 0o600}, noGroup, nil, []byte("f"), &co); errno != 0 {
 		t.Fatal(errno)
 	}
 	tf.release(co.NodeId, co.Fh)
-	if errno := tf.Symlink(hdrAs(e.NodeId, 1000, 1001), noGroup, []byte("t"), []byte("s"), &e); errno != 0 {
+	if errno := tf.Symlink(hdrAs(e.NodeId, 1000, 1001), noGroup, nil, []byte("t"), []byte("s"), &e); errno != 0 {
 		t.Fatal(errno)
 	}
 	d := tf.lookup(rootID, "d")
-	if errno := tf.Mknod(&gofuse.MknodIn{InHeader: *hdrAs(d.NodeId, 1000, 1001), Mode: unix.S_IFIFO | 0o600}, noGroup, []byte("p"), &e); errno != 0 {
+	if errno := tf.Mknod(&gofuse.MknodIn{InHeader: *hdrAs(d.NodeId, 1000, 1001), Mode: unix.S_IFIFO | 0o600}, noGroup, nil, []byte("p"), &e); errno != 0 {
 		t.Fatal(errno)
 	}
 	for _, n := range []string{"d", "d/f", "d/s", "d/p"} {
@@ -824,7 +824,7 @@ func TestCredentialsOnCreate(t *testing.T) {
 	// root-owned 0755 directory.
 	os.Mkdir(tf.path("rootonly"), 0o755)
 	r := tf.lookup(rootID, "rootonly")
-	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdrAs(r.NodeId, 1000, 1000), Mode: 0o755}, noGroup, []byte("x"), &e); errno != syscall.EACCES {
+	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdrAs(r.NodeId, 1000, 1000), Mode: 0o755}, noGroup, nil, []byte("x"), &e); errno != syscall.EACCES {
 		t.Fatalf("mkdir as 1000 in root's dir: %v", errno)
 	}
 	// The calling thread's credentials are untouched.
@@ -836,7 +836,7 @@ func TestCredentialsOnCreate(t *testing.T) {
 	old := unix.Umask(0o077)
 	defer unix.Umask(old)
 	tf = newTestFS(t, Options{})
-	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdr(rootID), Mode: 0o777}, noGroup, []byte("open"), &e); errno != 0 {
+	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdr(rootID), Mode: 0o777}, noGroup, nil, []byte("open"), &e); errno != 0 {
 		t.Fatal(errno)
 	}
 	if e.Mode&0o777 != 0o777 {
@@ -850,7 +850,7 @@ func TestDontMaskUmask(t *testing.T) {
 		t.Fatal("no DONT_MASK with posix acl")
 	}
 	var e gofuse.EntryOut
-	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdr(rootID), Mode: 0o777, Umask: 0o027}, noGroup, []byte("d"), &e); errno != 0 {
+	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdr(rootID), Mode: 0o777, Umask: 0o027}, noGroup, nil, []byte("d"), &e); errno != 0 {
 		t.Fatal(errno)
 	}
 	if e.Mode&0o777 != 0o750 {
@@ -938,7 +938,7 @@ func TestTmpfile(t *testing.T) {
 	tf := newTestFS(t, Options{})
 	os.Chmod(tf.dir, 0o777)
 	var co gofuse.CreateOut
-	if errno := tf.Tmpfile(&gofuse.CreateIn{InHeader: *hdrAs(rootID, 1000, 1000), Flags: unix.O_RDWR, Mode: 0o600}, noGroup, &co); errno != 0 {
+	if errno := tf.Tmpfile(&gofuse.CreateIn{InHeader: *hdrAs(rootID, 1000, 1000), Flags: unix.O_RDWR, Mode: 0o600}, noGroup, nil, &co); errno != 0 {
 		if errno == syscall.EOPNOTSUPP {
 			t.Skip("no O_TMPFILE here")
 		}
@@ -957,7 +957,7 @@ func TestTmpfile(t *testing.T) {
 	}
 	tf.release(co.NodeId, co.Fh)
 	// O_TMPFILE|O_EXCL: never linkable.
-	if errno := tf.Tmpfile(&gofuse.CreateIn{InHeader: *hdr(rootID), Flags: unix.O_RDWR | unix.O_EXCL, Mode: 0o600}, noGroup, &co); errno != 0 {
+	if errno := tf.Tmpfile(&gofuse.CreateIn{InHeader: *hdr(rootID), Flags: unix.O_RDWR | unix.O_EXCL, Mode: 0o600}, noGroup, nil, &co); errno != 0 {
 		t.Fatal(errno)
 	}
 	if errno := tf.Link(&gofuse.LinkIn{InHeader: *hdr(rootID), Oldnodeid: co.NodeId}, []byte("named2"), &l); errno == 0 {
@@ -1195,7 +1195,7 @@ func TestReadOnly(t *testing.T) {
 		t.Fatalf("write: %v", errno)
 	}
 	var eo gofuse.EntryOut
-	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdr(rootID)}, noGroup, []byte("d"), &eo); errno != syscall.EROFS {
+	if errno := tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdr(rootID)}, noGroup, nil, []byte("d"), &eo); errno != syscall.EROFS {
 		t.Fatalf("mkdir: %v", errno)
 	}
 	if errno := tf.Unlink(hdr(rootID), []byte("f")); errno != syscall.EROFS {
@@ -1219,7 +1219,7 @@ func TestCapabilities(t *testing.T) {
 	g := newTestFS(t, Options{NoReaddirplus: true, KillprivV2: true, PosixLocks: true, Flock: true, SecurityLabel: true})
 	c = g.Capabilities()
 	if c&gofuse.CAP_READDIRPLUS != 0 || c&gofuse.CAP_HANDLE_KILLPRIV_V2 == 0 || c&gofuse.CAP_POSIX_LOCKS == 0 ||
-		c&gofuse.CAP_FLOCK_LOCKS == 0 || c&gofuse.CAP_SECURITY_CTX != 0 {
+		c&gofuse.CAP_FLOCK_LOCKS == 0 || c&gofuse.CAP_SECURITY_CTX == 0 {
 		t.Fatalf("caps %#x", c)
 	}
 	if _, err := New(f.dir, Options{PosixACL: true}, testLog); err == nil {
@@ -1250,7 +1250,7 @@ func TestCreateSuppGroup(t *testing.T) {
 	var eo gofuse.EntryOut
 	var co gofuse.CreateOut
 	mkdir := func(name string, group []uint32) syscall.Errno {
-		return tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdrAs(g, 1000, 1000), Mode: 0o755}, group, []byte(name), &eo)
+		return tf.Mkdir(&gofuse.MkdirIn{InHeader: *hdrAs(g, 1000, 1000), Mode: 0o755}, group, nil, []byte(name), &eo)
 	}
 	for range 2 * tf.creds.workers {
 		if errno := mkdir("no", noGroup); errno != syscall.EACCES {
@@ -1269,17 +1269,17 @@ func TestCreateSuppGroup(t *testing.T) {
 			t.Fatalf("mkdir without the group after one with it: %v, want EACCES", errno)
 		}
 	}
-	if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdrAs(g, 1000, 1000), Flags: unix.O_RDWR, Mode: 0o644}, []uint32{4242}, []byte("f"), &co); errno != 0 {
+	if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdrAs(g, 1000, 1000), Flags: unix.O_RDWR, Mode: 0o644}, []uint32{4242}, nil, []byte("f"), &co); errno != 0 {
 		t.Fatalf("create through the group: %v", errno)
 	}
 	tf.release(co.NodeId, co.Fh)
-	if errno := tf.Symlink(hdrAs(g, 1000, 1000), []uint32{4242}, []byte("t"), []byte("s"), &eo); errno != 0 {
+	if errno := tf.Symlink(hdrAs(g, 1000, 1000), []uint32{4242}, nil, []byte("t"), []byte("s"), &eo); errno != 0 {
 		t.Fatalf("symlink through the group: %v", errno)
 	}
-	if errno := tf.Mknod(&gofuse.MknodIn{InHeader: *hdrAs(g, 1000, 1000), Mode: unix.S_IFIFO | 0o644}, []uint32{4242}, []byte("p"), &eo); errno != 0 {
+	if errno := tf.Mknod(&gofuse.MknodIn{InHeader: *hdrAs(g, 1000, 1000), Mode: unix.S_IFIFO | 0o644}, []uint32{4242}, nil, []byte("p"), &eo); errno != 0 {
 		t.Fatalf("mknod through the group: %v", errno)
 	}
-	if errno := tf.Tmpfile(&gofuse.CreateIn{InHeader: *hdrAs(g, 1000, 1000), Flags: unix.O_RDWR, Mode: 0o600}, []uint32{4242}, &co); errno != 0 {
+	if errno := tf.Tmpfile(&gofuse.CreateIn{InHeader: *hdrAs(g, 1000, 1000), Flags: unix.O_RDWR, Mode: 0o600}, []uint32{4242}, nil, &co); errno != 0 {
 		t.Fatalf("tmpfile through the group: %v", errno)
 	}
 	tf.release(co.NodeId, co.Fh)

@@ -92,8 +92,14 @@ type Options struct {
 
 	Writeback     bool // FUSE_WRITEBACK_CACHE
 	Xattr         bool // extended attributes; ENOSYS without
-	PosixACL      bool // FUSE_POSIX_ACL (needs Xattr)
-	SecurityLabel bool // accepted; FUSE_SECURITY_CTX is never offered, labels arrive as SETXATTR
+	PosixACL      bool // offer FUSE_POSIX_ACL (needs Xattr)
+	SecurityLabel bool // offer FUSE_SECURITY_CTX: label what the guest creates with the context it sends
+	// RequirePosixACL and RequireSecurityLabel refuse a session whose
+	// guest does not offer the feature (--posix-acl=always,
+	// --security-label=always); without them an offered feature the
+	// guest lacks is left off (auto).
+	RequirePosixACL      bool
+	RequireSecurityLabel bool
 	// XattrMap holds xattrmap rules in the C daemon's syntax
 	// (":type:scope:key:prepend:" ...). Empty: names pass unchanged.
 	XattrMap string
@@ -220,3 +226,11 @@ type MigrationOptions struct {
 	// file system.
 	VerifyHandles bool
 }
+
+// The words of --posix-acl and --security-label (the Rust virtiofsd 1.14's
+// negotiation modes).
+const (
+	NegotiateNever  = "never"  // not offered
+	NegotiateAuto   = "auto"   // offered; off if the guest lacks it
+	NegotiateAlways = "always" // offered; INIT fails if the guest lacks it
+)

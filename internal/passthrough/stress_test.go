@@ -307,7 +307,7 @@ func helperEMFILE(t *testing.T) {
 	// Other operations fail cleanly too.
 	var co gofuse.CreateOut
 	for range 3 {
-		if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdr(rootID), Flags: unix.O_RDWR, Mode: 0o644}, noGroup, []byte("new"), &co); errno == 0 {
+		if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdr(rootID), Flags: unix.O_RDWR, Mode: 0o644}, noGroup, nil, []byte("new"), &co); errno == 0 {
 			tf.release(co.NodeId, co.Fh)
 		}
 	}
@@ -362,12 +362,12 @@ func helperSetgid(t *testing.T) {
 		unix.Chmod(d, 0o2777)
 		e := tf.lookup(rootID, "sgid")
 		var co gofuse.CreateOut
-		if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdrAs(e.NodeId, 1000, 1000), Flags: unix.O_RDWR, Mode: 0o2775}, noGroup, []byte(name), &co); errno != 0 {
+		if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdrAs(e.NodeId, 1000, 1000), Flags: unix.O_RDWR, Mode: 0o2775}, noGroup, nil, []byte(name), &co); errno != 0 {
 			t.Fatal(errno)
 		}
 		tf.release(co.NodeId, co.Fh)
 		var me gofuse.EntryOut
-		if errno := tf.Mknod(&gofuse.MknodIn{InHeader: *hdrAs(e.NodeId, 1000, 1000), Mode: unix.S_IFREG | 0o2775}, noGroup, []byte(name+"-mknod"), &me); errno != 0 {
+		if errno := tf.Mknod(&gofuse.MknodIn{InHeader: *hdrAs(e.NodeId, 1000, 1000), Mode: unix.S_IFREG | 0o2775}, noGroup, nil, []byte(name+"-mknod"), &me); errno != 0 {
 			t.Fatal(errno)
 		}
 		st := statHost(t, filepath.Join(d, name))

@@ -52,6 +52,17 @@ var dropInLines = []dropInLine{
 	{name: "socket-path", fd: -1, args: func(d, s string) []string {
 		return []string{"--socket-path=" + s, "--shared-dir=" + d}
 	}},
+	// The Rust virtiofsd 1.14's negotiation modes, as a manager that
+	// read posix-acl- and security-label-negotiation-mode from
+	// --print-capabilities passes them. The guest offers both; without
+	// an LSM that labels files it sends every creation the bare
+	// security-context header.
+	{name: "rust-1.14-auto", fd: -1, args: func(d, s string) []string {
+		return []string{"--socket-path=" + s, "--shared-dir=" + d, "--posix-acl=auto", "--security-label=auto"}
+	}},
+	{name: "rust-1.14-always", fd: -1, args: func(d, s string) []string {
+		return []string{"--socket-path=" + s, "--shared-dir=" + d, "--posix-acl", "--security-label=always"}
+	}},
 }
 
 // nofileForLibvirt is the N of libvirt's --rlimit-nofile=N (from
