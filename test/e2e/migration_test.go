@@ -169,6 +169,9 @@ func migrationMatrix(t *testing.T, q qemuVersion, k guestKernel, pairs []migPair
 					m := newMigEnv(t, p, k)
 					m.cfg.QEMU = q
 					sc.run(m)
+					if q == qemu11 && sc.name == "basic" {
+						summarizeMigration(t, m)
+					}
 					t.Logf("%s/%s took %.1fs", p.name, sc.name, time.Since(st).Seconds())
 				})
 			}
