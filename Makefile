@@ -165,7 +165,9 @@ bench-scale: test-deps build
 # bench-guest: fio from a Linux 6.12 guest under TCG and QEMU 10 (test/e2e
 # TestBenchGuest; root) against govirtiofsd (default settings, 1 and 2
 # request queues), the reference C virtiofsd and the Rust virtiofsd
-# (--thread-pool-size 0 and 2 each), one tmpfs share each: 1 MiB write/read libaio at iodepth 16 and 64 with
+# (--thread-pool-size 0 and 2 each), and, on a Linux 7.x guest under QEMU 11
+# (the stack of late 2026), ours and the Rust virtiofsd 1.14 (ours-q11,
+# rust114-q11, with a q11 ours/rust ratio), one tmpfs share each: 1 MiB write/read libaio at iodepth 16 and 64 with
 # numjobs 1 and 4, 4 KiB randwrite/randread at iodepth 16 and 1; prints MiB/s or IOPS and the
 # ratios ours/reference and ours/Rust, best of BENCHGUEST_ROUNDS rounds,
 # marking figures taken while other processes loaded the host. Roughly 25
