@@ -19,7 +19,7 @@
 #                   a 20,000-file walk from a guest (TestGuestWalk), and
 #                   Linux 7.x under QEMU 11 (TestQEMU11: boot/reboot/power-off,
 #                   POSIX beside the Rust virtiofsd 1.14, Rust 1.14 -> ours
-#                   migration; ~2.2 min, plus ~35 s for the first fetch)
+#                   migration; 2.2-2.8 min, plus ~35 s for the first fetch)
 #   make integration-sandbox  the integration suite against bin/govirtiofsd
 #                   with the default --sandbox namespace --seccomp kill
 #   make e2e        the guest boot tests alone (QEMU 7.2 + Linux, TCG)
