@@ -16,7 +16,10 @@
 #                   --sandbox none), integration against the static daemon
 #                   in its default sandbox (and the escape tests in chroot),
 #                   each fuzz target briefly, one guest boot per kernel,
-#                   a 20,000-file walk from a guest (TestGuestWalk)
+#                   a 20,000-file walk from a guest (TestGuestWalk), and
+#                   Linux 7.x under QEMU 11 (TestQEMU11: boot/reboot/power-off,
+#                   POSIX beside the Rust virtiofsd 1.14, Rust 1.14 -> ours
+#                   migration; 2.2-2.8 min, plus ~35 s for the first fetch)
 #   make integration-sandbox  the integration suite against bin/govirtiofsd
 #                   with the default --sandbox namespace --seccomp kill
 #   make e2e        the guest boot tests alone (QEMU 7.2 + Linux, TCG)
@@ -165,7 +168,9 @@ bench-scale: test-deps build
 # bench-guest: fio from a Linux 6.12 guest under TCG and QEMU 10 (test/e2e
 # TestBenchGuest; root) against govirtiofsd (default settings, 1 and 2
 # request queues), the reference C virtiofsd and the Rust virtiofsd
-# (--thread-pool-size 0 and 2 each), one tmpfs share each: 1 MiB write/read libaio at iodepth 16 and 64 with
+# (--thread-pool-size 0 and 2 each), and, on a Linux 7.x guest under QEMU 11
+# (the stack of late 2026), ours and the Rust virtiofsd 1.14 (ours-q11,
+# rust114-q11, with a q11 ours/rust ratio), one tmpfs share each: 1 MiB write/read libaio at iodepth 16 and 64 with
 # numjobs 1 and 4, 4 KiB randwrite/randread at iodepth 16 and 1; prints MiB/s or IOPS and the
 # ratios ours/reference and ours/Rust, best of BENCHGUEST_ROUNDS rounds,
 # marking figures taken while other processes loaded the host. Roughly 25

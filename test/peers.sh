@@ -35,7 +35,8 @@
 #   $PEERS_CACHE/bin/qemu-system-x86_64-11   QEMU 11 run by sid's loader
 #       with sid's libraries (--library-path), in a private mount namespace
 #       whose /usr/lib/x86_64-linux-gnu/qemu is QEMU 11's module folder, with
-#       sid's firmware (-L). Needs nothing from the system but a kernel.
+#       sid's firmware (-L). Of the system it needs only unshare, mount
+#       and the folder /usr/lib/x86_64-linux-gnu/qemu to mount over.
 #   $PEERS_CACHE/bin/virtiofsd-rust          the Rust virtiofsd 1.13 through
 #       trixie's loader and libraries (it needs glibc >= 2.39)
 #   $PEERS_CACHE/bin/virtiofsd-rust-1.14     the Rust virtiofsd 1.14 (sid)

@@ -26,6 +26,9 @@ type benchConfig struct {
 	packed bool     // packed=on: the guest must negotiate packed rings (requirePacked)
 	// onlyWalk: added for the walk rows (withWalkConfigs), it runs no other.
 	onlyWalk bool
+	// q11: the guest is Linux 7.x (guest.sh series 7) under QEMU 11 (the
+	// stack of late 2026, DESIGN.md §12) instead of 6.12 under QEMU 10.
+	q11 bool
 }
 
 var benchConfigs = []benchConfig{
@@ -43,6 +46,10 @@ var benchConfigs = []benchConfig{
 	// default sandbox. It serves one request queue.
 	{name: "rust-pool0", kind: rustDaemon, extra: []string{"--thread-pool-size=0"}, queues: 1},
 	{name: "rust-pool2", kind: rustDaemon, extra: []string{"--thread-pool-size=2"}, queues: 1},
+	// The stack of late 2026: Linux 7.x under QEMU 11, ours (as "ours")
+	// and the Rust virtiofsd 1.14 with its default pool (0).
+	{name: "ours-q11", kind: ourDaemon, extra: []string{"--cache", "never", "--log-level", "info"}, queues: 1, q11: true},
+	{name: "rust114-q11", kind: rust114Daemon, extra: []string{"--thread-pool-size=0"}, queues: 1, q11: true},
 }
 
 // benchOptionalConfigs run only when GOVIRTIOFSD_BENCH_CONFIGS names them:
@@ -177,7 +184,8 @@ const benchOtherLoad = 0.3
 // GOVIRTIOFSD_BENCH_ROUNDS rounds over all workloads (default 2),
 // GOVIRTIOFSD_BENCH_SIZE file size per job (default 64M),
 // GOVIRTIOFSD_BENCH_CONFIGS a comma-separated subset of ours, ours-2q,
-// ref-pool0, ref-pool2, rust-pool0, rust-pool2, and of ours-pool0, ours-pool1, ours-auto, ref-pool0-auto, rust-pool0-auto,
+// ref-pool0, ref-pool2, rust-pool0, rust-pool2, ours-q11, rust114-q11 (ours
+// and the Rust virtiofsd 1.14 with a Linux 7.x guest under QEMU 11), and of ours-pool0, ours-pool1, ours-auto, ref-pool0-auto, rust-pool0-auto,
 // rust114-pool0, rust114-pool0-auto (the Rust virtiofsd 1.14), ours-packed and ours-2q-packed (packed=on: packed virtqueues), which run only
 // when named (and alt, alt-2q: the build GOVIRTIOFSD_BENCH_ALT names, with
 // our default settings, for A/B comparisons in one run),
@@ -260,6 +268,11 @@ func TestBenchGuest(t *testing.T) {
 	if k.Version == "" {
 		t.Fatal("no guest kernel >= 6.11 prepared (ours-2q needs Linux 6.11)")
 	}
+	var k7 guestKernel
+	if slices.ContainsFunc(cfgs, func(c benchConfig) bool { return c.q11 }) {
+		peersBin(t, qemu11Wrapper)
+		k7 = newestKernel7(t)
+	}
 	root := artifactDir(t)
 	start := time.Now()
 
@@ -289,8 +302,12 @@ func TestBenchGuest(t *testing.T) {
 			r.d = startDaemon(t, c.kind, sock, share, filepath.Join(r.dir, "daemon.log"), c.extra...)
 			// Every daemon of one comparison under the same QEMU:
 			// QEMU 10, the one users run with the Rust daemon.
+			kernel, qemu := k, qemu10
+			if c.q11 {
+				kernel, qemu = k7, qemu11
+			}
 			r.v = startVM(t, r.dir, vmConfig{
-				Kernel: k, QEMU: qemu10, Sock: sock, Script: "bench", Timeout: total, Packed: c.packed,
+				Kernel: kernel, QEMU: qemu, Sock: sock, Script: "bench", Timeout: total, Packed: c.packed,
 				DeviceOpts: []string{"num-request-queues=" + strconv.Itoa(c.queues)},
 				Append: []string{"e2e.benchsize=" + size, "e2e.benchruntime=" + strconv.Itoa(runtime),
 					"e2e.asktimeout=" + strconv.Itoa(int(total.Seconds()))},
@@ -309,7 +326,7 @@ func TestBenchGuest(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d guests (%s) ready after %.1fs; logs in %s", len(runs), k.Version, time.Since(start).Seconds(), root)
+	t.Logf("%d guests (%s%s) ready after %.1fs; logs in %s", len(runs), k.Version, k7Note(k7), time.Since(start).Seconds(), root)
 
 	ours := func() []int { // process groups of this test's daemons and guests
 		pg := []int{}
@@ -559,6 +576,10 @@ func benchTable(runs []*benchRun, workloads []benchWorkload, k guestKernel, runt
 	for _, r := range runs {
 		has[r.cfg.name] = true
 	}
+	if has["ours-q11"] || has["rust114-q11"] {
+		fmt.Fprintf(&b, "*-q11: the guest is Linux 7.x under QEMU 11 (the stack of late 2026), not %s under QEMU 10;\n", k.Version)
+		fmt.Fprintf(&b, "rust114-q11 = the Rust virtiofsd 1.14, --thread-pool-size 0; q11 ours/rust = ours-q11 / rust114-q11.\n")
+	}
 	if has["ours-packed"] || has["ours-2q-packed"] {
 		fmt.Fprintf(&b, "packed/split = ours-packed / ours, 2q pk/split = ours-2q-packed / ours-2q: packed virtqueues\n")
 		fmt.Fprintf(&b, "(packed=on) against split ones, same daemon and settings.\n")
@@ -602,6 +623,9 @@ func benchTable(runs []*benchRun, workloads []benchWorkload, k guestKernel, runt
 	}
 	if has["ours"] && has["rust-pool0"] && has["rust-pool2"] {
 		cols = append(cols, ratioCol{"ours/rust", "ours", "rust"})
+	}
+	if has["ours-q11"] && has["rust114-q11"] {
+		cols = append(cols, ratioCol{"q11 ours/rust", "ours-q11", "rust114-q11"})
 	}
 	for _, c := range cols {
 		fmt.Fprintf(&b, " %13s", c.head)
@@ -773,4 +797,12 @@ func TestBenchTablePacked(t *testing.T) {
 	if strings.Contains(table, "pk/split ") || strings.Contains(table, " packed/split") {
 		t.Fatalf("packed columns without packed runs:\n%s", table)
 	}
+}
+
+// k7Note names the Linux 7.x guest of the *-q11 configurations, if any.
+func k7Note(k7 guestKernel) string {
+	if k7.Version == "" {
+		return ""
+	}
+	return "; " + k7.Version + " under QEMU 11 for *-q11"
 }

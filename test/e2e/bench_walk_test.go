@@ -220,7 +220,7 @@ func TestWalkBenchPlan(t *testing.T) {
 		t.Errorf("walk rows only: configurations %s", got)
 	}
 	mixed := withWalkConfigs(t, benchConfigs, all, ws)
-	if got := names(mixed); got != "ours,ours-2q,ref-pool0,ref-pool2,rust-pool0,rust-pool2,ours-auto(walk),ref-pool0-auto(walk),rust-pool0-auto(walk),rust114-pool0-auto(walk)" {
+	if got := names(mixed); got != "ours,ours-2q,ref-pool0,ref-pool2,rust-pool0,rust-pool2,ours-q11,rust114-q11,ours-auto(walk),ref-pool0-auto(walk),rust-pool0-auto(walk),rust114-pool0-auto(walk)" {
 		t.Errorf("every row: configurations %s", got)
 	}
 	if got := withWalkConfigs(t, benchConfigs, all, ws[:3]); len(got) != len(benchConfigs) {

@@ -283,7 +283,15 @@ for series in $SERIES; do
 	root=""
 	if [[ $series == 7 && $OFFLINE != 1 ]] && sid_apt && sel=$(select_pkg7); then
 		read -r pkg ver base <<<"$sel"
-		root=$(fetch_pkg7 "$pkg" "$ver" "$base")
+		# sid moves fast: lists older than the mirror may name debs it no
+		# longer has. Then the lists are fetched again, once.
+		if ! root=$(fetch_pkg7 "$pkg" "$ver" "$base"); then
+			log "linux 7: $pkg=$ver not downloadable; apt-get update (private state) and again"
+			apt_private_update || die "apt-get update (private state) failed"
+			sel=$(select_pkg7) || die "no linux-image-7.*-cloud-amd64 in sid"
+			read -r pkg ver base <<<"$sel"
+			root=$(fetch_pkg7 "$pkg" "$ver" "$base")
+		fi
 	elif [[ $series != 7 && $OFFLINE != 1 ]] && sel=$(select_pkg "$series"); then
 		read -r pkg ver <<<"$sel"
 		root=$(fetch_pkg "$pkg" "$ver")

@@ -682,6 +682,13 @@ func startVM(t *testing.T, dir string, cfg vmConfig) *vm {
 		args = append(args, "-incoming", "unix:"+cfg.Incoming)
 	}
 	for _, ev := range cfg.Trace {
+		if cfg.QEMU == qemu11 {
+			// QEMU 11 split vhost_dev_start/stop into _in and _out
+			// (readQEMUTrace reads the _in ones under the old names).
+			if n, ok := qemu11TraceNames[ev]; ok {
+				ev = n
+			}
+		}
 		args = append(args, "-trace", ev)
 	}
 	if len(cfg.Trace) > 0 {
@@ -1293,6 +1300,12 @@ type qemuTraceEvent struct {
 	Name, Args string
 }
 
+// qemu11TraceNames: trace events QEMU 11 renamed (old name: QEMU 11's).
+var qemu11TraceNames = map[string]string{
+	"vhost_dev_start": "vhost_dev_start_in",
+	"vhost_dev_stop":  "vhost_dev_stop_in",
+}
+
 // reTraceLine is QEMU 7.2 and 10's log trace line (PID@SECONDS.USEC:NAME
 // ARGS); reTraceLineISO is QEMU 11's (-msg timestamp=on: an RFC 3339 UTC
 // time, a space, NAME ARGS).
@@ -1314,7 +1327,13 @@ func readQEMUTrace(t *testing.T, path string) []qemuTraceEvent {
 		if m == nil {
 			if m := reTraceLineISO.FindStringSubmatch(l); m != nil {
 				if at, err := time.Parse(time.RFC3339Nano, m[1]); err == nil {
-					out = append(out, qemuTraceEvent{At: at, Name: m[2], Args: m[3]})
+					name := m[2]
+					for old, n := range qemu11TraceNames {
+						if name == n {
+							name = old
+						}
+					}
+					out = append(out, qemuTraceEvent{At: at, Name: name, Args: m[3]})
 				}
 			}
 			continue

@@ -277,7 +277,7 @@ func TestReadQEMUTrace(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "trace.log")
 	data := "2436@1796308370.397673:vhost_user_write req:1 flags:0x1\n" +
 		"2026-12-03T19:37:13.720217Z vhost_user_write req:15 (GET_PROTOCOL_FEATURES) flags:0x1\n" +
-		"2026-12-03T19:37:13.720300Z vhost_dev_start dev 0x1 device vhost-user-fs\n" +
+		"2026-12-03T19:37:13.720300Z vhost_dev_start_in dev 0x1 device vhost-user-fs\n" +
 		"not a trace line\n"
 	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
 		t.Fatal(err)

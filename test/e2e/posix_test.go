@@ -57,9 +57,9 @@ var intendedDifferences = map[string]intendedDifference{
 		Reason: "follows from tmpfile",
 	},
 	"statx.btime": {
-		Kernels: []string{"6.12."},
+		Kernels: []string{"6.12.", "7."},
 		Ours:    "btime=1 btime_ok=1", Reference: "btime=0 btime_ok=0",
-		Reason: "Linux 6.12 asks for the birth time with FUSE_STATX; the C daemon has no STATX (ENOSYS, the guest falls back to GETATTR without btime); ours answers it from the host's statx",
+		Reason: "Linux 6.12 and 7.x ask for the birth time with FUSE_STATX; the C daemon has no STATX (ENOSYS, the guest falls back to GETATTR without btime); ours answers it from the host's statx",
 	},
 }
 

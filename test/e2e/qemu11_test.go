@@ -58,9 +58,7 @@ func TestQEMU11(t *testing.T) {
 		m := newMigEnv(t, migPair{"rust114-ours", rust114Daemon, ourDaemon}, k)
 		m.cfg.QEMU = qemu11
 		scenarioMigrateBasic(m)
-		if h := m.hops[len(m.hops)-1]; h.kind == ourDaemon {
-			checkKnownMessages(t, h.d)
-		}
+		summarizeMigration(t, m)
 	})
 	t.Logf("TestQEMU11 took %.1fs", time.Since(start).Seconds())
 }
@@ -143,4 +141,24 @@ func fuseSessionLines(t *testing.T, d *daemon) []string {
 		t.Errorf("%s: no \"FUSE session started\" line", d.LogPath)
 	}
 	return out
+}
+
+// summarizeMigration checks and summarizes (vhost-user-summary.txt) the
+// messages each of our daemons in a migration scenario was sent, per hop:
+// the source's from its start through the migration and quit, the
+// destination's from its start (incoming, the load, the guest's run and
+// power-off).
+func summarizeMigration(t *testing.T, m *migEnv) {
+	t.Helper()
+	var phases []bootPhase
+	for _, h := range m.hops {
+		if h.kind != ourDaemon {
+			continue
+		}
+		checkKnownMessages(t, h.d)
+		phases = append(phases, bootPhase{name: "migration-" + h.name, msgs: h.d.vhostMessages(t, 0, -1)})
+	}
+	if len(phases) > 0 {
+		summarizePhases(t, m.dir, phases)
+	}
 }
