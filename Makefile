@@ -58,6 +58,7 @@ FUZZ_TARGETS := \
 	./internal/bufvec:FuzzCursor \
 	./internal/vhostuser:FuzzMessages \
 	./internal/fuse:FuzzServe \
+	./internal/fuse:FuzzSecCtx \
 	./internal/fuse:FuzzLoadSessionRecord \
 	./internal/passthrough:FuzzLoadState
 
