@@ -593,6 +593,16 @@ type vmConfig struct {
 	// their timestamps to qemu-trace.log (qemu-trace-NAME.log) in the
 	// artifact directory, e.g. vhost_user_read, vhost_user_write.
 	Trace []string
+	// Generic replaces vhost-user-fs-pci with QEMU 11's generic vhost-user
+	// device as a virtio-fs device (DESIGN.md §13), the only one that
+	// gets the daemon's shared-memory (DAX) window:
+	// vhost-user-test-device-pci,virtio-id=26,num_vqs=1+GenericQueues,
+	// config_size=40,vq_size=1024. The tag and the number of request
+	// queues come from the daemon's config (GET_CONFIG): the daemon needs
+	// --tag (Tag is only the guest's mount source). QEMU 11 only.
+	Generic bool
+	// GenericQueues is the request queues of the generic device (0: 1).
+	GenericQueues int
 	// Name tells the artifacts of several QEMUs in one directory apart:
 	// console-NAME.log, qemu-NAME.cmdline, and the monitor and QMP sockets
 	// (monitor-NAME.sock, qmp-NAME.sock beside Sock). Empty: console.log,
@@ -656,6 +666,14 @@ func startVM(t *testing.T, dir string, cfg vmConfig) *vm {
 		}
 		devOpts = append(slices.Clone(devOpts), "packed=on")
 	}
+	device := "vhost-user-fs-pci,chardev=c0,tag=" + tag + ",queue-size=1024"
+	if cfg.Generic {
+		if cfg.QEMU != qemu11 {
+			t.Fatalf("vmConfig.Generic: the generic device with virtio-fs's config is tested under QEMU 11 only")
+		}
+		device = fmt.Sprintf("vhost-user-test-device-pci,chardev=c0,virtio-id=26,num_vqs=%d,config_size=40,vq_size=1024",
+			1+max(cfg.GenericQueues, 1))
+	}
 	mem := "memory-backend-memfd,id=mem,size=1G,share=on"
 	if cfg.MemPath != "" {
 		mem = "memory-backend-file,id=mem,size=1G,mem-path=" + cfg.MemPath + ",share=on"
@@ -671,7 +689,7 @@ func startVM(t *testing.T, dir string, cfg vmConfig) *vm {
 		"-qmp", "unix:" + qmpPath + ",server=on,wait=off",
 		"-object", mem, "-numa", "node,memdev=mem",
 		"-chardev", "socket,id=c0,path=" + cfg.Sock,
-		"-device", strings.Join(append([]string{"vhost-user-fs-pci,chardev=c0,tag=" + tag + ",queue-size=1024"}, devOpts...), ","),
+		"-device", strings.Join(append([]string{device}, devOpts...), ","),
 		"-kernel", cfg.Kernel.Vmlinuz, "-initrd", cfg.Kernel.Initrd,
 		"-append", strings.Join(appendLine, " "),
 	}

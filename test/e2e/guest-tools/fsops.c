@@ -52,6 +52,20 @@
 //   fsops fsyncdir PATH                     fsync on a directory fd
 //   fsops mmap PATH shared|private|write    map the first page: "ok:<first 5 bytes>", or
 //                                           write "MMAP!" through a shared mapping + msync
+//   fsops daxattr PATH                      statx: "dax=0|1 size=N" (STATX_ATTR_DAX in stx_attributes:
+//                                           the kernel serves the file through the DAX window)
+//   fsops mapsh PATH                        map PATH MAP_SHARED read/write (its size at start, at
+//                                           least one page) and run commands read from stdin, one
+//                                           a line, each answered by one line on stdout:
+//                                             r OFF N       the N bytes at OFF as text: "r:<bytes>"
+//                                             w OFF TEXT    store TEXT at OFF: "ok"
+//                                             s             msync(MS_SYNC) of the mapping: "ok"/errno
+//                                             p OFF TEXT MS poll the mapping until TEXT is at OFF:
+//                                                           "seen ms=T" or "timeout r:<bytes>"
+//                                             q             unmap and exit: "bye"
+//                                           an access that faults answers "SIGBUS" or "SIGSEGV"
+//                                           (the command is abandoned; the mapping stays); "mapped
+//                                           size=N" first, once every page has been read
 //   fsops try OP ARGS...                    one call, "ok" or its errno; OP: mkdir DIR,
 //                                           rmdir DIR, unlink PATH, open PATH, openw PATH,
 //                                           opendir PATH, rename OLD NEW, link OLD NEW,
@@ -64,6 +78,7 @@
 //                                           failure, naming the call, the path and the errno
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <setjmp.h>
 #include <grp.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -845,6 +860,138 @@ static int do_mmap(char **a) {
 	return 0;
 }
 
+static int do_daxattr(char **a) {
+	struct statx sx;
+	memset(&sx, 0, sizeof sx);
+	if (statx(AT_FDCWD, a[0], 0, STATX_BASIC_STATS, &sx) < 0)
+		return fail();
+#ifndef STATX_ATTR_DAX
+#define STATX_ATTR_DAX 0x00200000
+#endif
+	printf("dax=%d known=%d size=%llu\n", (sx.stx_attributes & STATX_ATTR_DAX) ? 1 : 0,
+	       (sx.stx_attributes_mask & STATX_ATTR_DAX) ? 1 : 0, (unsigned long long)sx.stx_size);
+	return 0;
+}
+
+static sigjmp_buf mapsh_jmp;
+static void mapsh_fault(int sig) { siglongjmp(mapsh_jmp, sig); }
+
+static int do_mapsh(char **a) {
+	int fd = open(a[0], O_RDWR);
+	if (fd < 0)
+		return fail();
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		return fail();
+	size_t len = st.st_size > 4096 ? (size_t)st.st_size : 4096;
+	volatile char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return fail();
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = mapsh_fault;
+	sigaction(SIGBUS, &sa, NULL);
+	sigaction(SIGSEGV, &sa, NULL);
+	int sig = sigsetjmp(mapsh_jmp, 1);
+	if (sig == 0) {
+		unsigned sum = 0;
+		for (size_t i = 0; i < (size_t)st.st_size; i += 4096)
+			sum += p[i];
+		printf("mapped size=%zu sum=%u\n", (size_t)st.st_size, sum & 0xff);
+	} else {
+		printf("%s\n", sig == SIGBUS ? "SIGBUS" : "SIGSEGV");
+	}
+	char line[4096];
+	while (fgets(line, sizeof line, stdin)) {
+		line[strcspn(line, "\n")] = 0;
+		char op = line[0];
+		char *rest = line[0] ? line + 1 : line;
+		long long off = strtoll(rest, &rest, 0);
+		if (*rest == ' ')
+			rest++;
+		if (op != 's' && op != 'q' && (off < 0 || (size_t)off >= len)) {
+			printf("EINVAL\n");
+			continue;
+		}
+		if ((sig = sigsetjmp(mapsh_jmp, 1)) != 0) {
+			printf("%s\n", sig == SIGBUS ? "SIGBUS" : "SIGSEGV");
+			continue;
+		}
+		switch (op) {
+		case 'r': {
+			long long n = strtoll(rest, NULL, 0);
+			if (n < 0 || n > 1024 || (size_t)(off + n) > len) {
+				printf("EINVAL\n");
+				break;
+			}
+			char buf[1025];
+			for (long long i = 0; i < n; i++)
+				buf[i] = p[off + i];
+			printf("r:%.*s\n", (int)n, buf);
+			break;
+		}
+		case 'w': {
+			size_t n = strlen(rest);
+			if ((size_t)off + n > len) {
+				printf("EINVAL\n");
+				break;
+			}
+			for (size_t i = 0; i < n; i++)
+				p[off + i] = rest[i];
+			printf("ok\n");
+			break;
+		}
+		case 's':
+			if (msync((void *)p, len, MS_SYNC) < 0)
+				printf("%s\n", ename(errno));
+			else
+				printf("ok\n");
+			break;
+		case 'p': {
+			char *text = rest;
+			char *sp = strrchr(text, ' ');
+			if (!sp) {
+				printf("EINVAL\n");
+				break;
+			}
+			*sp = 0;
+			long long ms = strtoll(sp + 1, NULL, 0);
+			size_t n = strlen(text);
+			if ((size_t)off + n > len || n > 1024) {
+				printf("EINVAL\n");
+				break;
+			}
+			long long t0 = now_ms();
+			for (;;) {
+				size_t i = 0;
+				while (i < n && p[off + i] == text[i])
+					i++;
+				if (i == n) {
+					printf("seen ms=%lld\n", now_ms() - t0);
+					break;
+				}
+				if (now_ms() - t0 > ms) {
+					char buf[1025];
+					for (size_t k = 0; k < n; k++)
+						buf[k] = p[off + k];
+					printf("timeout r:%.*s\n", (int)n, buf);
+					break;
+				}
+				usleep(10000);
+			}
+			break;
+		}
+		case 'q':
+			munmap((void *)p, len);
+			printf("bye\n");
+			return 0;
+		default:
+			printf("EINVAL\n");
+		}
+	}
+	return 0;
+}
+
 static int do_try(char **a, int n) {
 	const char *op = a[0];
 	int r;
@@ -954,6 +1101,8 @@ int main(int argc, char **argv) {
 	CMD("fsyncdir", 1, do_fsyncdir(a));
 	CMD("mmap", 2, do_mmap(a));
 	CMD("try", 2, do_try(a, n));
+	CMD("daxattr", 1, do_daxattr(a));
+	CMD("mapsh", 1, do_mapsh(a));
 	CMD("churn", 3, do_churn(a));
 	if (!strcmp(c, "asuser")) {
 		if (n < 3)
