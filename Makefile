@@ -187,6 +187,10 @@ bench-scale: test-deps build
 # on tmpfs and on an overlayfs without nfs_export, with each daemon's most
 # fds) run on ours, the C and both Rust daemons (1.13, 1.14) with their
 # defaults and cache auto: BENCHGUEST_WORKLOADS='^walk' runs just them.
+# The DAX rows (TestBenchGuestDAX; BENCHGUEST_WORKLOADS=dax runs only them,
+# BENCHGUEST_DAX_CONFIGS=ours-dax,ours-auto,rust114-auto,ref-auto a subset):
+# a Linux 7.x guest under QEMU 11, ours with a 64 MiB window (dax=always)
+# against ours, Rust 1.14 and C at cache auto without DAX.
 # Under TCG the guest is the bottleneck: figures, not targets.
 BENCHGUEST_RUNTIME ?= 5
 BENCHGUEST_ROUNDS ?= 2
@@ -194,6 +198,7 @@ BENCHGUEST_SIZE ?= 64M
 BENCHGUEST_CONFIGS ?=
 BENCHGUEST_WORKLOADS ?=
 BENCHGUEST_ALT ?=
+BENCHGUEST_DAX_CONFIGS ?=
 BENCHGUEST_WALK_FILES ?= 100000
 bench-guest: deps test-deps build
 	GOVIRTIOFSD_E2E_BENCH=1 GOVIRTIOFSD_BIN=$(CURDIR)/$(BIN) \
@@ -201,7 +206,8 @@ bench-guest: deps test-deps build
 	GOVIRTIOFSD_BENCH_SIZE=$(BENCHGUEST_SIZE) GOVIRTIOFSD_BENCH_WALK_FILES=$(BENCHGUEST_WALK_FILES) \
 	GOVIRTIOFSD_BENCH_CONFIGS='$(BENCHGUEST_CONFIGS)' GOVIRTIOFSD_BENCH_WORKLOADS='$(BENCHGUEST_WORKLOADS)' \
 	GOVIRTIOFSD_BENCH_ALT='$(if $(BENCHGUEST_ALT),$(abspath $(BENCHGUEST_ALT)))' \
-		$(GO) test -count=1 -v -run '^TestBenchGuest$$' -timeout 120m ./test/e2e/
+	GOVIRTIOFSD_BENCH_DAX_CONFIGS='$(BENCHGUEST_DAX_CONFIGS)' \
+		$(GO) test -count=1 -v -run '^TestBenchGuest(DAX)?$$' -timeout 120m ./test/e2e/
 
 # soak: test/e2e TestSoak (root): a Linux 6.12 guest under TCG runs fio
 # write + verify passes and metadata churn (2,000 files created, renamed,
