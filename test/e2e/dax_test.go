@@ -199,6 +199,7 @@ type daxCounts struct {
 	VhostUser map[string]int // front-end messages per request name
 	ShmemMap  int            // lines naming SHMEM_MAP (the back-end requests)
 	ShmemUnm  int            // lines naming SHMEM_UNMAP
+	Warnings  []string       // WARN and ERROR lines
 }
 
 var (
@@ -229,6 +230,9 @@ func daxLogCounts(t *testing.T, d *daemon, from, to int64) daxCounts {
 			continue
 		case "vhost-user message":
 			c.VhostUser[kv["request"]]++
+		}
+		if lv := kv["level"]; lv == "WARN" || lv == "ERROR" {
+			c.Warnings = append(c.Warnings, line)
 		}
 		if reShmemMap.MatchString(line) {
 			c.ShmemMap++
@@ -407,6 +411,9 @@ func (r *daxRun) check(t *testing.T) {
 				c.ShmemMap, c.ShmemUnm)
 			t.Logf("daemon log, %s", line)
 			counts.WriteString(line + "\n")
+			for _, w := range c.Warnings {
+				t.Errorf("%s: daemon warning: %s", mode, w)
+			}
 			if !r.window {
 				if c.FUSE["SETUPMAPPING"] > 0 {
 					t.Errorf("%s: SETUPMAPPING without a window", mode)

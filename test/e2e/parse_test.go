@@ -3,10 +3,13 @@
 package e2e
 
 import (
+	"bytes"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -291,5 +294,30 @@ func TestReadQEMUTrace(t *testing.T) {
 	}
 	if want := time.Date(2026, 12, 3, 19, 37, 13, 720217000, time.UTC); !evs[1].At.Equal(want) {
 		t.Errorf("time %v, want %v", evs[1].At, want)
+	}
+}
+
+// TestGenStreamMatchesFsops: the host's genStream (dax_test.go) gives the
+// bytes guest-tools/fsops.c's `gen` gives (TestDAX compares their sha256).
+func TestGenStreamMatchesFsops(t *testing.T) {
+	if _, err := exec.LookPath("gcc"); err != nil {
+		t.Skip("no gcc")
+	}
+	bin := filepath.Join(t.TempDir(), "fsops")
+	if out, err := exec.Command("gcc", "-O2", "-o", bin, filepath.Join(testDir, "guest-tools", "fsops.c")).CombinedOutput(); err != nil {
+		t.Fatalf("gcc: %v\n%s", err, out)
+	}
+	for _, n := range []int64{0, 1, 7, 8, 9, 4095, 65537, 2<<20 + 1} {
+		out, err := exec.Command(bin, "gen", "2", strconv.FormatInt(n, 10)).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want bytes.Buffer
+		if err := genStream(&want, 2, n); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(out, want.Bytes()) {
+			t.Errorf("gen 2 %d: fsops and genStream differ (%d and %d bytes)", n, len(out), want.Len())
+		}
 	}
 }
