@@ -130,6 +130,7 @@ type Backend struct {
 	// named on this connection: the rings the front end set up
 	// (getConfig).
 	callRings int
+	capLogged bool // requestQueues said once that it capped the answer
 }
 
 // NewBackend returns a back end for cfg.
@@ -184,7 +185,7 @@ func (b *Backend) ServeFirst(ln *net.UnixListener) error {
 // both cases every ring is stopped and all memory released.
 func (b *Backend) Serve(uc *net.UnixConn) error {
 	b.c = newConn(uc)
-	b.callRings = 0
+	b.callRings, b.capLogged = 0, false
 	defer b.shutdown()
 	for {
 		m, err := b.c.readMessage()
@@ -641,6 +642,11 @@ func (b *Backend) requestQueues() int {
 	n := b.cfg.RequestQueues
 	if b.callRings >= 2 && b.callRings-1 < n {
 		n = b.callRings - 1
+		if !b.capLogged {
+			b.capLogged = true
+			b.log.Info("device config: num_request_queues follows the rings the front end set up",
+				"num_request_queues", n, "rings", b.callRings, "queues", b.cfg.RequestQueues)
+		}
 	}
 	return n
 }
