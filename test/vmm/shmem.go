@@ -165,10 +165,6 @@ func (d *Device) WindowErrors() []string {
 }
 
 func (d *Device) shmemMap(m *Message) error {
-	w := d.Window
-	if w == nil {
-		return errors.New("no window")
-	}
 	s, err := ParseShmemMsg(m.Payload)
 	if err != nil {
 		return err
@@ -176,12 +172,23 @@ func (d *Device) shmemMap(m *Message) error {
 	if len(m.Fds) != 1 {
 		return fmt.Errorf("SHMEM_MAP with %d fds", len(m.Fds))
 	}
+	return d.MapWindow(s, m.Fds[0])
+}
+
+// MapWindow does what QEMU does for a SHMEM_MAP of fd: maps it into the
+// window (refusing overlaps and a file too small) and announces the region
+// with ADD_MEM_REG, waiting for the ack. The fd stays the caller's.
+func (d *Device) MapWindow(s ShmemMsg, fd int) error {
+	w := d.Window
+	if w == nil {
+		return errors.New("no window")
+	}
 	if s.ShmID != 0 || s.Len == 0 || s.ShmOffset%PageSize != 0 || s.Len%PageSize != 0 ||
 		s.FdOffset%PageSize != 0 || s.ShmOffset >= w.Size || s.Len > w.Size-s.ShmOffset {
 		return fmt.Errorf("bad mapping %+v", s)
 	}
 	var st unix.Stat_t
-	if err := unix.Fstat(m.Fds[0], &st); err != nil {
+	if err := unix.Fstat(fd, &st); err != nil {
 		return err
 	}
 	if uint64(st.Size) < s.FdOffset+s.Len {
@@ -198,24 +205,24 @@ func (d *Device) shmemMap(m *Message) error {
 	if s.Flags&ShmemWritable != 0 {
 		prot |= unix.PROT_WRITE
 	}
-	_, err = unix.MmapPtr(m.Fds[0], int64(s.FdOffset), unsafe.Pointer(&w.host[s.ShmOffset]), uintptr(s.Len), prot,
+	_, err := unix.MmapPtr(fd, int64(s.FdOffset), unsafe.Pointer(&w.host[s.ShmOffset]), uintptr(s.Len), prot,
 		unix.MAP_SHARED|unix.MAP_FIXED)
 	if err != nil {
 		w.mu.Unlock()
 		return fmt.Errorf("mmap: %w", err)
 	}
-	fd, err := unix.FcntlInt(uintptr(m.Fds[0]), unix.F_DUPFD_CLOEXEC, 0)
+	own, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		w.reserve(s.ShmOffset, s.Len)
 		w.mu.Unlock()
 		return err
 	}
-	w.maps = append(w.maps, WindowMapping{s, fd})
+	w.maps = append(w.maps, WindowMapping{s, own})
 	sort.Slice(w.maps, func(i, j int) bool { return w.maps[i].ShmOffset < w.maps[j].ShmOffset })
 	w.mu.Unlock()
 	// QEMU commits the memory transaction: the back end learns of the
 	// region, and acks, before the map is answered.
-	if err := d.Conn.AddMemReg(w.region(s), fd); err != nil {
+	if err := d.Conn.AddMemReg(w.region(s), own); err != nil {
 		d.dropMapping(s)
 		return fmt.Errorf("ADD_MEM_REG: %w", err)
 	}
@@ -223,13 +230,20 @@ func (d *Device) shmemMap(m *Message) error {
 }
 
 func (d *Device) shmemUnmap(m *Message) error {
-	w := d.Window
-	if w == nil {
-		return errors.New("no window")
-	}
 	s, err := ParseShmemMsg(m.Payload)
 	if err != nil {
 		return err
+	}
+	return d.UnmapWindow(s)
+}
+
+// UnmapWindow does what QEMU does for a SHMEM_UNMAP: the mapping must be
+// an existing one's exact range; REM_MEM_REG (with the fd, as QEMU) is
+// acked before the window gives the range back to its reservation.
+func (d *Device) UnmapWindow(s ShmemMsg) error {
+	w := d.Window
+	if w == nil {
+		return errors.New("no window")
 	}
 	w.mu.Lock()
 	i := sort.Search(len(w.maps), func(i int) bool { return w.maps[i].ShmOffset >= s.ShmOffset })
@@ -239,7 +253,7 @@ func (d *Device) shmemUnmap(m *Message) error {
 	}
 	old := w.maps[i]
 	w.mu.Unlock()
-	err = d.Conn.RemMemReg(w.region(old.ShmemMsg), old.fd)
+	err := d.Conn.RemMemReg(w.region(old.ShmemMsg), old.fd)
 	d.dropMapping(old.ShmemMsg)
 	if err != nil {
 		return fmt.Errorf("REM_MEM_REG: %w", err)
