@@ -57,6 +57,7 @@ FUZZ_TARGETS := \
 	./internal/virtqueue:FuzzPackedChainWalk \
 	./internal/bufvec:FuzzCursor \
 	./internal/vhostuser:FuzzMessages \
+	./internal/vhostuser:FuzzWindowReplies \
 	./internal/fuse:FuzzServe \
 	./internal/fuse:FuzzSecCtx \
 	./internal/fuse:FuzzLoadSessionRecord \

@@ -54,6 +54,8 @@ type BackendChannel struct {
 
 	usable   atomic.Bool // BACKEND_REQ, BACKEND_SEND_FD and REPLY_ACK negotiated
 	aborting atomic.Int32
+	// staleWait is staleReplyWait, unless a test shortened it.
+	staleWait time.Duration
 }
 
 func (c *BackendChannel) set(fd int) {
@@ -219,8 +221,12 @@ func (c *BackendChannel) call(req uint32, payload []byte, fd int, wait time.Dura
 // discardStale reads the late replies of cancelled requests.
 func (c *BackendChannel) discardStale(f *os.File) error {
 	f.SetReadDeadline(time.Time{})
+	wait := c.staleWait
+	if wait == 0 {
+		wait = staleReplyWait
+	}
 	for c.stale > 0 {
-		f.SetReadDeadline(time.Now().Add(staleReplyWait))
+		f.SetReadDeadline(time.Now().Add(wait))
 		_, err := readAck(f, 0)
 		f.SetReadDeadline(time.Time{})
 		if errors.Is(err, os.ErrDeadlineExceeded) {

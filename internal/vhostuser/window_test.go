@@ -674,3 +674,72 @@ func TestWindowRegionHeldByRequest(t *testing.T) {
 		}
 	}
 }
+
+// FuzzWindowReplies: whatever the VMM writes back on the back-end channel
+// (the map/unmap replies are the one new decoder of VMM input), Map, Unmap
+// and UnmapAll return an errno or nil, never hang or panic, and the
+// records stay sorted, disjoint, inside the window and within the bound.
+func FuzzWindowReplies(f *testing.F) {
+	ack := func(req uint32, v uint64) []byte {
+		b := binary.LittleEndian.AppendUint32(nil, req)
+		b = binary.LittleEndian.AppendUint32(b, 0x5)
+		b = binary.LittleEndian.AppendUint32(b, 8)
+		return binary.LittleEndian.AppendUint64(b, v)
+	}
+	f.Add(append(ack(9, 0), ack(10, 0)...))
+	f.Add(append(append(ack(9, 0), ack(10, 1)...), ack(9, 0)...))
+	f.Add(ack(9, 1))
+	f.Add(ack(10, 0))
+	f.Add([]byte{9, 0, 0, 0, 5, 0, 0, 0, 0xff, 0xff, 0, 0})
+	f.Add(append(ack(9, 0)[:12], 1, 2, 3))
+	f.Fuzz(func(t *testing.T, replies []byte) {
+		b, err := NewBackend(Config{RequestQueues: 1, CacheSize: testWindow, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Handler: HandlerFunc(func(int) RequestHandler { return echoHandler{} })})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.window.wait = 20 * time.Millisecond
+		b.channel.staleWait = 20 * time.Millisecond
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.channel.set(fds[0])
+		b.window.usable.Store(true)
+		peer := os.NewFile(uintptr(fds[1]), "vmm")
+		defer peer.Close()
+		peer.Write(replies)
+		unix.Shutdown(fds[1], unix.SHUT_WR) // then EOF: no wait runs out
+		go io.Copy(io.Discard, peer) // our requests
+		file, err := os.CreateTemp(t.TempDir(), "map")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer file.Close()
+		w := b.Window()
+		check := func(err error) {
+			var errno unix.Errno
+			if err != nil && !errors.As(err, &errno) {
+				t.Fatalf("error %v (%T) is not an errno", err, err)
+			}
+			ms := w.Mappings()
+			if len(ms) > w.max {
+				t.Fatalf("%d records, bound %d", len(ms), w.max)
+			}
+			for i, m := range ms {
+				if m[1] == 0 || m[0]+m[1] > w.Size() || (i > 0 && ms[i-1][0]+ms[i-1][1] > m[0]) {
+					t.Fatalf("records %x", ms)
+				}
+			}
+		}
+		const M = 1 << 20
+		check(w.Map(int(file.Fd()), 0, 0, 2*M, true))
+		check(w.Map(int(file.Fd()), 0, 2*M, 2*M, false))
+		check(w.Map(int(file.Fd()), 0, M, 2*M, true))
+		check(w.Unmap(0, 2*M))
+		check(w.Unmap(0, testWindow))
+		w.UnmapAll()
+		check(nil)
+		b.channel.close()
+	})
+}
