@@ -710,7 +710,7 @@ func FuzzWindowReplies(f *testing.F) {
 		defer peer.Close()
 		peer.Write(replies)
 		unix.Shutdown(fds[1], unix.SHUT_WR) // then EOF: no wait runs out
-		go io.Copy(io.Discard, peer) // our requests
+		go io.Copy(io.Discard, peer)        // our requests
 		file, err := os.CreateTemp(t.TempDir(), "map")
 		if err != nil {
 			t.Fatal(err)
