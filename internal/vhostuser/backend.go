@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -186,6 +187,10 @@ func (b *Backend) ServeFirst(ln *net.UnixListener) error {
 func (b *Backend) Serve(uc *net.UnixConn) error {
 	b.c = newConn(uc)
 	b.callRings, b.capLogged = 0, false
+	// Guest memory the message loop reads (a ring's indices) may fault:
+	// a guest can put its rings in a DAX window page and truncate the
+	// file behind it. That fails the message (faultSafe), not the daemon.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer b.shutdown()
 	for {
 		m, err := b.c.readMessage()
@@ -201,12 +206,17 @@ func (b *Backend) Serve(uc *net.UnixConn) error {
 			}
 			return fmt.Errorf("read message: %w", err)
 		}
-		if err := b.dispatch(m); err != nil {
-			if isDisconnect(err) {
-				b.log.Info("front end disconnected before our reply", "how", err.Error())
+		var derr error
+		if ferr := faultSafe(func() error { derr = b.dispatch(m); return nil }); ferr != nil {
+			m.closeFDs()
+			b.refuse(m, ferr) // logged; answered if the front end waits for an ack
+		}
+		if derr != nil {
+			if isDisconnect(derr) {
+				b.log.Info("front end disconnected before our reply", "how", derr.Error())
 				return nil
 			}
-			return err
+			return derr
 		}
 	}
 }

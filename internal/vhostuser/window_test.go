@@ -743,3 +743,78 @@ func FuzzWindowReplies(f *testing.F) {
 		b.channel.close()
 	})
 }
+
+// TestWindowHostTruncate: the host truncates a file under a window region
+// the back end mapped from ADD_MEM_REG. A request whose buffer lies past
+// the new end fails with EFAULT when a syscall moves the data (preadv,
+// as READ does) and the ring goes on; a Go copy into it (as a reply
+// header would be written) faults: the server recovers (panic on fault),
+// the chain is lost with its ring, and the daemon lives.
+func TestWindowHostTruncate(t *testing.T) {
+	w, d := startWindow(t, nil)
+	dev := d
+	f, err := os.Create(filepath.Join(t.TempDir(), "mapped"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(2 << 20); err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.MapWindow(vmm.ShmemMsg{ShmOffset: 0, Len: 2 << 20, Flags: vmm.ShmemWritable}, int(f.Fd())); err != nil {
+		t.Fatal(err)
+	}
+	page := vmm.Segment{Addr: d.Window.Base + 1<<20, Len: 4096, Write: true}
+	if e := winCall(t, d, 1, winReq{op: opReadFile, file: 1, fdOffset: 0}, page); e != 0 {
+		t.Fatalf("preadv into the window before the truncate: %v", e)
+	}
+	if err := f.Truncate(4096); err != nil {
+		t.Fatal(err)
+	}
+	if e := winCall(t, d, 1, winReq{op: opReadFile, file: 1, fdOffset: 0}, page); e != unix.EFAULT {
+		t.Errorf("preadv into a truncated window page: %v, want EFAULT", e)
+	}
+	c, _ := winSubmit(t, d, 2, winReq{op: opFill, fdOffset: 1}, page)
+	if _, err := c.Wait(time.Second); err == nil {
+		t.Error("a Go copy into a truncated window page completed")
+	}
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(w.logs.String(), "fault on guest memory; ring stopped"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no fault logged:\n%s", w.logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The daemon goes on: ring 1 serves, the message loop answers.
+	if e := winCall(t, d, 1, winReq{op: opFill, fdOffset: 2}, vmm.Segment{Addr: d.Window.Base, Len: 4096, Write: true}); e != 0 {
+		t.Errorf("a Go copy into the window page still backed: %v", e)
+	}
+	if _, err := d.Conn.GetFeatures(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRingMemoryFaultSparesMessageLoop: a guest can put its rings in a DAX
+// window page and truncate the file behind it; the message loop, which
+// reads a ring's indices when it starts and stops it, must fail that
+// message, not the daemon. Here the memfd holding the rings shrinks
+// (region 0 of the front end), then the ring is stopped and started.
+func TestRingMemoryFaultSparesMessageLoop(t *testing.T) {
+	w, d := startWindow(t, nil)
+	if _, err := d.Conn.GetFeatures(); err != nil { // every start-up message handled
+		t.Fatal(err)
+	}
+	if err := unix.Ftruncate(d.Mem.Regions()[0].Fd(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.StopQueue(1); err != nil {
+		t.Fatalf("GET_VRING_BASE on a ring whose memory faults: %v", err)
+	}
+	err := d.RestartQueue(1, 0, false)
+	t.Logf("ring restarted on faulting memory: %v", err)
+	if _, err := d.Conn.GetFeatures(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(w.logs.String(), "fault on guest memory") {
+		t.Errorf("no fault logged:\n%s", w.logs.String())
+	}
+}
