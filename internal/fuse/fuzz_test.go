@@ -74,7 +74,8 @@ func checkClassify(t *testing.T, q *Queue, req []byte, inK int) {
 		t.Fatalf("Classify(op %d) = %v, %d, %v", op, heavy, node, slow)
 	}
 	switch op {
-	case OpFsync, OpFsyncdir, OpFlush, OpFallocate, OpCopyFileRange, OpCopyFileRange64, OpSyncfs:
+	case OpFsync, OpFsyncdir, OpFlush, OpFallocate, OpCopyFileRange, OpCopyFileRange64, OpSyncfs,
+		OpSetupMapping, OpRemoveMapping:
 		if !slow {
 			t.Fatalf("Classify(op %d) not slow", op)
 		}
