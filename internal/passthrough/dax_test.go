@@ -139,7 +139,7 @@ func (w *fakeWindow) live() map[uint64]fakeMap {
 }
 
 const (
-	slot2M   = 2 << 20
+	slot2M = 2 << 20
 	win16M = 16 << 20
 	noFH   = ^uint64(0)
 	rdMap  = 2
