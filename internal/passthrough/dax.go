@@ -2,6 +2,7 @@ package passthrough
 
 import (
 	"fmt"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -54,7 +55,8 @@ import (
 //     replacement of that slot, SETATTR size (before truncating), and
 //     FUSE INIT/DESTROY. Between those points the host does not see the
 //     guest's stores to the last partial page; stores past the file's end
-//     are never written (as with a shared mmap of the file).
+//     are never written (as with a shared mmap of the file). A host write
+//     to those bytes meanwhile is overwritten by the next write-back.
 //   - The whole pages mapped from the file are the file: coherent both
 //     ways. A host truncation below a live mapping makes a guest access
 //     past the new end fault in the VMM (SIGBUS in QEMU): the daemon
@@ -133,6 +135,9 @@ type nodeTails struct {
 // SetWindow sets the DAX window (Options.Window), for a daemon that gets it
 // only after making the file system. Call it before the first request.
 func (f *FS) SetWindow(w Window) {
+	if v := reflect.ValueOf(w); w != nil && v.Kind() == reflect.Pointer && v.IsNil() {
+		w = nil // a nil *vhostuser.Window: no window
+	}
 	t := &f.dax
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -608,7 +613,12 @@ func (f *FS) hasDAXFlag(i *inode) bool {
 	}
 	defer r.put()
 	fd, errno := f.reopen(r, unix.O_RDONLY|unix.O_NONBLOCK)
-	if errno != 0 {
+	switch errno {
+	case 0:
+	case syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM, syscall.EINTR:
+		return false // ask again next time
+	default:
+		i.daxFlag.Store(daxFlagClear) // not openable: not to be mapped either
 		return false
 	}
 	defer sysClose(fd)

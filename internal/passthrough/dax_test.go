@@ -541,3 +541,17 @@ func TestDAXAttrFlag(t *testing.T) {
 		t.Fatal("--inode-dax some accepted")
 	}
 }
+
+// TestDAXSetWindowTypedNil: a nil pointer of a Window type is no window.
+func TestDAXSetWindowTypedNil(t *testing.T) {
+	tf := newTestFS(t, Options{})
+	var w *fakeWindow
+	tf.SetWindow(w)
+	if tf.WindowSize() != 0 || tf.dax.on.Load() {
+		t.Fatal("a nil *fakeWindow is a window")
+	}
+	tf.SetWindow(newFakeWindow(t, win16M))
+	if tf.WindowSize() != win16M {
+		t.Fatal(tf.WindowSize())
+	}
+}
