@@ -218,8 +218,8 @@ func (f *FS) SetupMapping(h *gofuse.InHeader, fh, foffset, length, flags, moffse
 		return errno
 	}
 	m := &mapping{moffset: moffset, length: length, foffset: foffset, writable: writable, ino: i.inode}
-	errno = f.mapFile(m, fd)
-	if m.tail == nil {
+	errno, owned := f.mapFile(m, fd)
+	if !owned {
 		sysClose(fd)
 	}
 	return errno
@@ -227,11 +227,12 @@ func (f *FS) SetupMapping(h *gofuse.InHeader, fh, foffset, length, flags, moffse
 
 // mapFile maps m from fd (O_RDONLY or O_RDWR), through a tail for what lies
 // past the file's last whole page, and records it, replacing the mappings
-// of its slot it overlaps. On success with a tail, the tail owns fd.
-func (f *FS) mapFile(m *mapping, fd int) syscall.Errno {
+// of its slot it overlaps. owned: a tail took fd (on success with a tail;
+// m may be gone again by the time the caller looks).
+func (f *FS) mapFile(m *mapping, fd int) (errno syscall.Errno, owned bool) {
 	var st syscall.Stat_t
 	if errno := sysFstat(fd, &st); errno != 0 {
-		return errno
+		return errno, false
 	}
 	whole := uint64(max(st.Size, 0)) &^ (daxPage - 1)
 	var fileLen uint64
@@ -241,14 +242,14 @@ func (f *FS) mapFile(m *mapping, fd int) syscall.Errno {
 	if fileLen < m.length {
 		tl, errno := f.newTail(m.ino, fd, m.foffset+fileLen, m.length-fileLen, m.writable)
 		if errno != 0 {
-			return errno
+			return errno, false
 		}
 		m.tail = tl
 	}
 	t := &f.dax
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	errno := t.evict(m.moffset, m.length, false)
+	errno = t.evict(m.moffset, m.length, false)
 	if errno == 0 && len(t.slots[m.moffset/daxSlotSize]) >= maxSlotMappings {
 		errno = syscall.ENOSPC
 	}
@@ -266,11 +267,11 @@ func (f *FS) mapFile(m *mapping, fd int) syscall.Errno {
 			m.tail.fd = -1 // the caller closes fd
 			t.freeTail(m)
 		}
-		return errno
+		return errno, false
 	}
 	k := m.moffset / daxSlotSize
 	t.slots[k] = append(t.slots[k], m)
-	return 0
+	return 0, m.tail != nil
 }
 
 // winErrno is the errno of a Window error (unix.Errno by contract).
