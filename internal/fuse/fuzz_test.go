@@ -39,6 +39,9 @@ func FuzzServe(f *testing.F) {
 		fs := newFakeFS()
 		fs.caps |= gofuse.CAP_SECURITY_CTX // the session parses security contexts
 		fs.dirents = testDirents
+		if outK%2 == 1 {
+			fs.window = testWindow // SETUPMAPPING, REMOVEMAPPING served
+		}
 		var q *Queue
 		if session {
 			_, q = newSession(t, fs)
