@@ -57,9 +57,12 @@ FUZZ_TARGETS := \
 	./internal/virtqueue:FuzzPackedChainWalk \
 	./internal/bufvec:FuzzCursor \
 	./internal/vhostuser:FuzzMessages \
+	./internal/vhostuser:FuzzWindowReplies \
 	./internal/fuse:FuzzServe \
 	./internal/fuse:FuzzSecCtx \
 	./internal/fuse:FuzzLoadSessionRecord \
+	./internal/fuse:FuzzSetupMapping \
+	./internal/fuse:FuzzRemoveMapping \
 	./internal/passthrough:FuzzLoadState
 
 .PHONY: all build deps test-deps test unit integration-sandbox e2e e2e-full fuzz fuzz-short bench bench-scale bench-guest soak clean

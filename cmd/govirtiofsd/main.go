@@ -159,10 +159,16 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 	return d.serve(in, backend, h.listener, sigs, cleanup)
 }
 
-// printInfo answers -V and --print-capabilities.
+// printInfo answers -V and --print-capabilities. With a DAX window
+// (--cache-size) the daemon cannot migrate: QEMU blocks it, and the
+// back end does not offer DEVICE_STATE.
 func printInfo(o *Options, stdout io.Writer) {
 	if o.Version {
 		fmt.Fprintf(stdout, "govirtiofsd %s\n", version)
+		return
+	}
+	if o.CacheSize > 0 {
+		fmt.Fprintln(stdout, strings.Replace(capabilities, "    \"migrate-precopy\",\n", "", 1))
 		return
 	}
 	fmt.Fprintln(stdout, capabilities)
@@ -395,7 +401,8 @@ func (d *daemon) newBackend(server *fuse.Server, metrics bool) (*vhostuser.Backe
 		Logger:        d.log,
 		Workers:       workers,
 		Metrics:       metrics,
-		State:         server, // the FUSE session and the file system's inodes and handles migrate
+		CacheSize:     d.o.CacheSize, // 0: no DAX window, nothing changes
+		State:         server,        // the FUSE session and the file system's inodes and handles migrate (not with a window)
 		RingsWatched:  reserveWatcherProcs,
 		Handler: vhostuser.HandlerFunc(func(i int) vhostuser.RequestHandler {
 			return server.Queue(i)

@@ -96,6 +96,18 @@ func TestPrintCapabilities(t *testing.T) {
 	if caps.Type != "fs" || !slices.Equal(caps.Features, want) {
 		t.Errorf("capabilities %+v, want type fs with exactly %q", caps, want)
 	}
+	// A DAX window rules migration out.
+	out, err = daemonCmd("--print-capabilities", "--cache-size", "64M").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps.Features = nil
+	if err := json.Unmarshal(out, &caps); err != nil {
+		t.Fatalf("not the capabilities JSON: %v\n%s", err, out)
+	}
+	if !slices.Equal(caps.Features, want[1:]) {
+		t.Errorf("capabilities with --cache-size %q, want %q", caps.Features, want[1:])
+	}
 }
 
 func TestUnknownOptionExits1(t *testing.T) {
@@ -147,7 +159,7 @@ func TestSocketPathLifecycle(t *testing.T) {
 			t.Errorf("%s left behind (%v)", p, err)
 		}
 	}
-	if !strings.Contains(stderr.String(), "DAX is not implemented") {
+	if !strings.Contains(stderr.String(), "--allow-mmap has no effect") {
 		t.Errorf("no note for --allow-mmap in the log:\n%s", stderr.String())
 	}
 }

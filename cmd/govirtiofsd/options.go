@@ -55,6 +55,15 @@ type Options struct {
 	RlimitNofile      int
 	ThreadPoolSize    int
 
+	// DAX (DESIGN §13). CacheSize is --cache-size in bytes: the window
+	// offered to the guest (vhostuser.Config.CacheSize), 0 for none.
+	// InodeDAX is --inode-dax, which regular files get FUSE_ATTR_DAX
+	// under the guest's dax=inode: "all", or "flag" (those whose host file
+	// has FS_XFLAG_DAX). It is for passthrough's options, with the
+	// back end's Window.
+	CacheSize uint64
+	InodeDAX  string
+
 	// MetricsAddr serves Prometheus metrics: HOST:PORT, or unix:PATH.
 	MetricsAddr string
 
@@ -100,6 +109,7 @@ func newOptions() *Options {
 		InodeFileHandles: "prefer", // as the Rust virtiofsd since 1.13.3
 		ThreadPoolSize:   -1,       // not given: defaultWorkers
 		RlimitNofile:     -1,       // not given: setNofile raises it
+		InodeDAX:         InodeDAXAll,
 		MigrationMode:    "find-paths",
 		MigrationOnError: "abort",
 		// On by default, as in the Rust virtiofsd 1.13: a migration from
@@ -355,6 +365,55 @@ func checkNSMap(v string) error {
 	return nil
 }
 
+// --inode-dax's values.
+const (
+	InodeDAXAll  = "all"
+	InodeDAXFlag = "flag"
+)
+
+// parseSize parses a byte count: a decimal number with an optional K, M
+// or G suffix (either case, powers of 1024).
+func parseSize(v string) (uint64, error) {
+	num, shift := v, 0
+	if n := len(v); n > 0 {
+		switch v[n-1] {
+		case 'K', 'k':
+			num, shift = v[:n-1], 10
+		case 'M', 'm':
+			num, shift = v[:n-1], 20
+		case 'G', 'g':
+			num, shift = v[:n-1], 30
+		}
+	}
+	if num == "" || num[0] == '+' || num[0] == '-' {
+		return 0, fmt.Errorf("%q is not a size (a number with an optional K, M or G suffix)", v)
+	}
+	n, err := strconv.ParseUint(num, 10, 64)
+	if err != nil || n > (1<<64-1)>>shift {
+		return 0, fmt.Errorf("%q is not a size (a number with an optional K, M or G suffix)", v)
+	}
+	return n << shift, nil
+}
+
+// cacheSizeField is --cache-size: 0, or a window size the back end takes
+// (a power of two from 2M to 512M).
+var cacheSizeField = field{
+	set: func(o *Options, v string) error {
+		n, err := parseSize(v)
+		if err != nil {
+			return err
+		}
+		if n != 0 {
+			if err := vhostuser.CheckCacheSize(n); err != nil {
+				return fmt.Errorf("%q: %w; want 0 (no DAX window) or a power of two from 2M to 512M", v, err)
+			}
+		}
+		o.CacheSize = n
+		return nil
+	},
+	get: func(o *Options) string { return strconv.FormatUint(o.CacheSize, 10) },
+}
+
 // optionTable lists every option the daemon understands: the Rust
 // virtiofsd 1.13 and 1.14's long options and the C virtiofsd 7.2's -o options and
 // short flags.
@@ -399,8 +458,12 @@ var optionTable = []option{
 			o.Timeout = v
 			return nil
 		}, get: func(o *Options) string { return o.Timeout }}},
-	{long: "allow-mmap", kind: optBool, usage: "allow shared mmap of files (accepted; DAX is not implemented)",
-		note: "--allow-mmap: DAX is not implemented, the guest maps shared files through its page cache", field: noEffect(optBool)},
+	{long: "allow-mmap", kind: optBool, usage: "allow shared mmap of files (accepted, no effect: the guest maps shared files through its page cache, or its DAX window with --cache-size)",
+		note: "--allow-mmap has no effect: the guest maps shared files through its page cache, or through the DAX window of --cache-size", field: noEffect(optBool)},
+	{long: "cache-size", kind: optString, usage: "offer the guest a DAX window of `SIZE` bytes (K, M, G suffixes), where it maps host files instead of caching them: a power of two from 2M to 512M. QEMU 11.1's vhost-user-test-device-pci only; the VM cannot migrate",
+		dflt: "0, no window", field: cacheSizeField},
+	{long: "inode-dax", kind: optString, usage: "under the guest's dax=inode, which regular files use the DAX window, `WHICH`: all, or flag (those whose host file has FS_XFLAG_DAX, set by xfs_io -c 'chattr +x')",
+		field: enumField(func(o *Options) *string { return &o.InodeDAX }, InodeDAXAll, InodeDAXFlag)},
 	{long: "writeback", oKey: "writeback", kind: optBool, usage: "enable the guest's writeback cache",
 		field: boolField(func(o *Options) *bool { return &o.Writeback })},
 	{long: "xattr", oKey: "xattr", kind: optBool, usage: "enable extended attributes",

@@ -83,6 +83,9 @@ var parseCases = []struct {
 	{"--inode-fd-budget", []string{"--inode-fd-budget=5000"}, true, func(o *Options) { o.InodeFDBudget = 5000 }},
 	{"--rlimit-nofile 0", []string{"--rlimit-nofile=0"}, true, func(o *Options) { o.RlimitNofile = 0 }},
 	{"--metrics-addr", []string{"--metrics-addr", "unix:/run/m.sock"}, true, func(o *Options) { o.MetricsAddr = "unix:/run/m.sock" }},
+	{"--cache-size", []string{"--cache-size", "64M"}, true, func(o *Options) { o.CacheSize = 64 << 20 }},
+	{"--cache-size 0", []string{"--cache-size=64M", "--cache-size=0"}, true, func(o *Options) { o.CacheSize = 0 }},
+	{"--inode-dax", []string{"--inode-dax=flag"}, true, func(o *Options) { o.InodeDAX = InodeDAXFlag }},
 
 	// Process and logging.
 	{"--log-level", []string{"--log-level", "debug"}, true, func(o *Options) { o.LogLevel = "debug" }},
@@ -104,7 +107,7 @@ var parseCases = []struct {
 	{"-o cache=always", []string{"-o", "cache=always"}, true, func(o *Options) { o.Cache = "always" }},
 	{"-o timeout", []string{"-o", "timeout=2.5"}, true, func(o *Options) { o.Timeout = "2.5" }},
 	{"--allow-mmap", []string{"--allow-mmap"}, true, func(o *Options) {
-		o.notes = []string{"--allow-mmap: DAX is not implemented, the guest maps shared files through its page cache"}
+		o.notes = []string{"--allow-mmap has no effect: the guest maps shared files through its page cache, or through the DAX window of --cache-size"}
 	}},
 	{"--writeback", []string{"--writeback"}, true, func(o *Options) { o.Writeback = true }},
 	{"-o writeback, no_writeback", []string{"-o", "writeback", "-o", "no_writeback"}, true, func(o *Options) {}},
@@ -227,7 +230,7 @@ var parseCases = []struct {
 	{"boolean repeated", []string{"--xattr", "--xattr", "--syslog", "--syslog"}, true, func(o *Options) { o.Xattr, o.Syslog = true, true }},
 	{"note once", []string{"--allow-mmap", "--allow-mmap", "-o", "allow_root", "-o", "allow_root"}, true, func(o *Options) {
 		o.notes = []string{
-			"--allow-mmap: DAX is not implemented, the guest maps shared files through its page cache",
+			"--allow-mmap has no effect: the guest maps shared files through its page cache, or through the DAX window of --cache-size",
 			"-o allow_root has no effect: the guest kernel decides who may access the mount",
 		}
 	}},
@@ -336,6 +339,11 @@ func TestParseErrors(t *testing.T) {
 		{[]string{"--migration-mode=file-handles", "--migration-confirm-paths"}, "apply to --migration-mode find-paths only"},
 		{[]string{"--migration-mode=file-handles", "--uid-map=:0:1000:1:", "--gid-map=:0:1000:1:"}, "cannot work in a user namespace"},
 		{[]string{"--thread-pool-size=-1"}, "non-negative"},
+		{[]string{"--cache-size=48M"}, `invalid argument "48M" for "--cache-size" flag: "48M": cache size 50331648 is not a power of two; want 0 (no DAX window) or a power of two from 2M to 512M`},
+		{[]string{"--cache-size=1M"}, "invalid argument"},
+		{[]string{"--cache-size=1G"}, "invalid argument"},
+		{[]string{"--cache-size=lots"}, `invalid argument "lots" for "--cache-size" flag: "lots" is not a size`},
+		{[]string{"--inode-dax=some"}, "invalid argument"},
 		{[]string{"--thread-pool-size=lots"}, "non-negative"},
 		{[]string{"--rlimit-nofile=-5"}, "non-negative"},
 		{[]string{"--fd=-1"}, "non-negative"},
@@ -505,6 +513,25 @@ func TestHelp(t *testing.T) {
 	for _, bad := range []string{" string ", " int ", "---"} {
 		if strings.Contains(help, bad) {
 			t.Errorf("%q in --help:\n%s", bad, help)
+		}
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want uint64
+		ok   bool
+	}{
+		{"0", 0, true}, {"4096", 4096, true}, {"2M", 2 << 20, true}, {"2m", 2 << 20, true},
+		{"512M", 512 << 20, true}, {"64k", 64 << 10, true}, {"1G", 1 << 30, true}, {"16777216G", 1 << 54, true},
+		{"", 0, false}, {"M", 0, false}, {"-2M", 0, false}, {"+2M", 0, false}, {"2MB", 0, false},
+		{"2T", 0, false}, {"1.5M", 0, false}, {" 2M", 0, false}, {"17179869184G", 0, false},
+		{"18446744073709551616", 0, false},
+	} {
+		got, err := parseSize(c.in)
+		if (err == nil) != c.ok || got != c.want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d, ok %v", c.in, got, err, c.want, c.ok)
 		}
 	}
 }

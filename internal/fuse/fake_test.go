@@ -40,6 +40,8 @@ type fakeFS struct {
 	dirents  []fakeDirent
 	readN    int // when > 0, READ claims this many bytes (to test bad counts)
 	dirErrAt int // when > 0, ReadDir returns errno after this many entries
+	// window is the DAX window's size WindowSize reports (0: none).
+	window uint64
 	// negotiate, when set, is the Negotiator's answer at INIT.
 	negotiate func(offered, caps uint64) (uint64, error)
 }
@@ -298,7 +300,18 @@ func (f *fakeFS) SetLk(in *gofuse.LkIn, wait bool) syscall.Errno {
 	return f.record("SetLk", *in, nil, w)
 }
 
-var _ FileSystem = (*fakeFS)(nil)
+func (f *fakeFS) SetupMapping(h *gofuse.InHeader, fh, foffset, length, flags, moffset uint64) syscall.Errno {
+	return f.record("SetupMapping", *h, nil, fh, foffset, length, flags, moffset)
+}
+func (f *fakeFS) RemoveMapping(moffset, length uint64) syscall.Errno {
+	return f.record("RemoveMapping", nil, nil, moffset, length)
+}
+func (f *fakeFS) WindowSize() uint64 { return f.window }
+
+var (
+	_ FileSystem = (*fakeFS)(nil)
+	_ Windowed   = (*fakeFS)(nil)
+)
 
 // groupArgs records a creation's supplementary groups as call arguments:
 // noGroup for none, as the calls of a single group were recorded before

@@ -122,6 +122,17 @@ type FileSystem interface {
 	// indefinitely.
 	GetLk(in *gofuse.LkIn, out *gofuse.LkOut) syscall.Errno
 	SetLk(in *gofuse.LkIn, wait bool) syscall.Errno
+
+	// SetupMapping maps length bytes of node h.NodeId's file at foffset
+	// into the DAX window at moffset (SETUPMAPPING; flags
+	// SetupMappingRead|SetupMappingWrite); fh is the guest's handle, or
+	// ^0 (Linux sends -1). RemoveMapping removes the mappings lying in
+	// [moffset, moffset+length) (one call per REMOVEMAPPING entry). The
+	// server calls them only in a session with a window (Windowed), with
+	// values already checked against it (dax.go); without one they may
+	// answer ENOSYS.
+	SetupMapping(h *gofuse.InHeader, fh, foffset, length, flags, moffset uint64) syscall.Errno
+	RemoveMapping(moffset, length uint64) syscall.Errno
 }
 
 // NoGroup is (gid_t)-1, never a valid group: a FUSE_EXT_GROUPS naming it

@@ -39,6 +39,9 @@ func FuzzServe(f *testing.F) {
 		fs := newFakeFS()
 		fs.caps |= gofuse.CAP_SECURITY_CTX // the session parses security contexts
 		fs.dirents = testDirents
+		if outK%2 == 1 {
+			fs.window = testWindow // SETUPMAPPING, REMOVEMAPPING served
+		}
 		var q *Queue
 		if session {
 			_, q = newSession(t, fs)
@@ -74,7 +77,8 @@ func checkClassify(t *testing.T, q *Queue, req []byte, inK int) {
 		t.Fatalf("Classify(op %d) = %v, %d, %v", op, heavy, node, slow)
 	}
 	switch op {
-	case OpFsync, OpFsyncdir, OpFlush, OpFallocate, OpCopyFileRange, OpCopyFileRange64, OpSyncfs:
+	case OpFsync, OpFsyncdir, OpFlush, OpFallocate, OpCopyFileRange, OpCopyFileRange64, OpSyncfs,
+		OpSetupMapping, OpRemoveMapping:
 		if !slow {
 			t.Fatalf("Classify(op %d) not slow", op)
 		}

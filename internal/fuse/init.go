@@ -20,13 +20,15 @@ const serverCaps = gofuse.CAP_ASYNC_READ | gofuse.CAP_BIG_WRITES | gofuse.CAP_MA
 
 // allowedCaps are the capabilities of protocol 7.45 the server can handle at
 // all. Left out of the 32 flags: the splice bits (meaningless here),
-// IOCTL_DIR (IOCTL is ENOSYS), MAP_ALIGNMENT (no DAX window), bit 31
-// (reserved). Of flags2, what 7.36 to 7.45 added, one by one:
+// IOCTL_DIR (IOCTL is ENOSYS), bit 31 (reserved); MAP_ALIGNMENT is
+// added apart, with a DAX window only (dax.go). Of flags2, what 7.36 to
+// 7.45 added, one by one:
 //
 //   - SECURITY_CTX (bit 32): its request extension (a security context to
 //     create with) is parsed (secctx.go) and handed to the file system,
 //     which decides whether to negotiate it (--security-label).
-//   - HAS_INODE_DAX (33): no DAX window.
+//   - HAS_INODE_DAX (33): added apart, with a DAX window only (dax.go):
+//     the file system then marks files FUSE_ATTR_DAX (dax=inode).
 //   - CREATE_SUPP_GROUP (34): its extension is parsed (ext.go) and handed
 //     to the file system.
 //   - HAS_EXPIRE_ONLY (35): the kernel's, for notifications.
@@ -92,6 +94,12 @@ func (q *Queue) doInit(_, _ *bufvec.Vec) syscall.Errno {
 		offered |= uint64(a.Flags2) << 32
 	}
 	caps := offered & (q.s.fs.Capabilities() | serverCaps) & allowedCaps
+	// DAX: MAP_ALIGNMENT and HAS_INODE_DAX only with a window, and only
+	// when the guest offers them (dax.go).
+	window := q.s.windowSize()
+	if window != 0 {
+		caps |= offered & daxCaps
+	}
 	if n, ok := q.s.fs.(Negotiator); ok {
 		c, err := n.Negotiate(offered, caps)
 		if err != nil {
@@ -116,6 +124,9 @@ func (q *Queue) doInit(_, _ *bufvec.Vec) syscall.Errno {
 	if caps&gofuse.CAP_MAX_PAGES != 0 {
 		o.MaxPages = q.s.opts.MaxPages
 	}
+	if caps&gofuse.CAP_MAP_ALIGNMENT != 0 {
+		o.MapAlignment = MapAlignment
+	}
 
 	// A second INIT (guest reboot or driver reset) or INIT after
 	// DESTROY starts a new session: the file system drops the old one.
@@ -124,7 +135,7 @@ func (q *Queue) doInit(_, _ *bufvec.Vec) syscall.Errno {
 	s.sess.Store(nil)
 	s.fs.Init(caps)
 	s.sess.Store(&session{minor: minor, caps: caps, maxWrite: o.MaxWrite, maxPages: o.MaxPages,
-		maxReadahead: o.MaxReadAhead})
+		maxReadahead: o.MaxReadAhead, window: window})
 	s.mu.Unlock()
 	s.log.Info("FUSE session started", "queue", q.index, "client", versionString(a.Major, a.Minor),
 		"negotiated", versionString(KernelVersion, minor), "flags", caps, "max_write", o.MaxWrite,

@@ -171,6 +171,8 @@ const (
 	// counted by the metrics.
 	readsFile
 	writesFile
+	// needsWindow: ENOSYS unless the session has a DAX window.
+	needsWindow
 )
 
 // numOps is one past the highest opcode the table knows.
@@ -232,9 +234,11 @@ var opcodes = [numOps]opcode{
 	OpReaddirplus:   {name: "READDIRPLUS", in: readInSize, serve: (*Queue).doReaddir},
 	OpLseek:         {name: "LSEEK", in: lseekInSize, out: lseekOutSize, serve: (*Queue).doLseek},
 	OpCopyFileRange: {name: "COPY_FILE_RANGE", in: copyInSize, out: writeOutSize, flags: storageBound, serve: (*Queue).doCopyFileRange},
-	// No DAX window: SETUPMAPPING, REMOVEMAPPING are ENOSYS.
-	OpSetupMapping:  {name: "SETUPMAPPING"},
-	OpRemoveMapping: {name: "REMOVEMAPPING"},
+	// DAX (dax.go): ENOSYS without a window. A mapping waits for the
+	// VMM's answer: slow. REMOVEMAPPING: fuse_removemapping_in, then count
+	// fuse_removemapping_one.
+	OpSetupMapping:  {name: "SETUPMAPPING", in: setupMappingInSize, flags: needsWindow | storageBound, serve: (*Queue).doSetupMapping},
+	OpRemoveMapping: {name: "REMOVEMAPPING", in: removeMappingInSize, flags: needsWindow | storageBound, serve: (*Queue).doRemoveMapping},
 	// SYNCFS: fuse_syncfs_in is 8 bytes of padding, which serve skips
 	// without reading.
 	OpSyncfs: {name: "SYNCFS", flags: storageBound, serve: (*Queue).doSyncfs},

@@ -91,6 +91,7 @@ type session struct {
 	maxWrite     uint32 // told to the guest
 	maxPages     uint16 // told to the guest with CAP_MAX_PAGES, else 0
 	maxReadahead uint32 // the guest's, echoed
+	window       uint64 // the DAX window's size, 0 without (dax.go)
 }
 
 // Server serves FUSE requests for one virtio-fs device.
@@ -252,7 +253,7 @@ func (q *Queue) decode(op *opcode, in, out *bufvec.Vec) syscall.Errno {
 			return syscall.EIO
 		}
 	}
-	if op.serve == nil {
+	if op.serve == nil || op.flags&needsWindow != 0 && q.sess.window == 0 {
 		return syscall.ENOSYS
 	}
 	n := int(op.in)

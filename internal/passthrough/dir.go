@@ -226,6 +226,7 @@ func (f *FS) openOut(i iref, fd int, kind handleKind, flags int, out *gofuse.Ope
 func (f *FS) newHandle(i *inode, fd int, kind handleKind, flags int) (*handle, syscall.Errno) {
 	h := &handle{fd: fd, ino: i, kind: kind, flags: flags, wait: bufvec.MayWait}
 	i.handles.Add(1)
+	h.countWriter()
 	if kind == handleDir {
 		h.dir = &dirStream{}
 	} else {
@@ -238,6 +239,15 @@ func (f *FS) newHandle(i *inode, fd int, kind handleKind, flags int) (*handle, s
 		return nil, syscall.ENFILE
 	}
 	return h, 0
+}
+
+// countWriter counts h in its inode's writers if it is a file open for
+// writing.
+func (h *handle) countWriter() {
+	if h.kind == handleFile && h.flags&unix.O_ACCMODE != unix.O_RDONLY {
+		h.writer = true
+		h.ino.writers.Add(1)
+	}
 }
 
 // ReleaseDir closes a directory handle.

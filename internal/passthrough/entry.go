@@ -2,6 +2,7 @@ package passthrough
 
 import (
 	"bytes"
+	"math"
 	"syscall"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
@@ -281,7 +282,11 @@ func (f *FS) GetAttr(in *gofuse.GetAttrIn, out *gofuse.AttrOut) syscall.Errno {
 	if h != nil {
 		defer h.put()
 	}
-	return f.statOut(fd, out)
+	if errno := f.statOut(fd, out); errno != 0 {
+		return errno
+	}
+	f.setAttrDAX(i.inode, &out.Attr)
+	return 0
 }
 
 // statFD is the fd GETATTR and STATX read: with FUSE_GETATTR_FH (withFH)
@@ -409,7 +414,7 @@ func (f *FS) SetAttr(in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
 		}
 	}
 	if valid&gofuse.FATTR_SIZE != 0 {
-		if errno = f.setSize(i, hfd, int64(in.Size)); errno != 0 {
+		if errno = f.setSizeMapped(i, hfd, int64(in.Size)); errno != 0 {
 			return errno
 		}
 	}
@@ -418,10 +423,27 @@ func (f *FS) SetAttr(in *gofuse.SetAttrIn, out *gofuse.AttrOut) syscall.Errno {
 			return errno
 		}
 	}
-	if hfd >= 0 {
-		return f.statOut(hfd, out)
+	if hfd < 0 {
+		hfd = i.fd
 	}
-	return f.statOut(i.fd, out)
+	if errno = f.statOut(hfd, out); errno != 0 {
+		return errno
+	}
+	f.setAttrDAX(i.inode, &out.Attr)
+	return 0
+}
+
+// setSizeMapped is setSize keeping i's DAX tails right: written back
+// before the file changes size, refreshed after (dax.go).
+func (f *FS) setSizeMapped(i iref, hfd int, size int64) syscall.Errno {
+	if !f.dax.on.Load() {
+		return f.setSize(i, hfd, size)
+	}
+	nt := i.lockTails()
+	i.writeBackTails(nt, true)
+	errno := f.setSize(i, hfd, size)
+	i.tailsChanged(nt, 0, math.MaxUint64)
+	return errno
 }
 
 // The steps of SETATTR: each changes i's object, through the handle's fd

@@ -2,6 +2,7 @@ package passthrough
 
 import (
 	"errors"
+	"math"
 	"syscall"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
@@ -149,6 +150,7 @@ func (f *FS) createOpenExisting(dir iref, name []byte, fl int, openFlags uint32,
 		var st unix.Statx_t
 		if statxFD(fd, &st) == 0 {
 			f.guestAttr(&out.Attr, &st)
+			f.setAttrDAX(ino, &out.Attr)
 		}
 	}
 	return 0
@@ -321,9 +323,32 @@ func (f *FS) Write(in *gofuse.WriteIn, src *bufvec.Vec) (int, syscall.Errno) {
 			return 0, errno
 		}
 	}
+	if f.dax.on.Load() {
+		n, err := f.writeMapped(h, in, src)
+		h.put()
+		return ioResult(n, err)
+	}
 	n, err := src.WriteTo(h.fd, int64(in.Offset), int(in.Size), h.wait)
 	h.put()
 	return ioResult(n, err)
+}
+
+// writeMapped is Write with a DAX window: the bytes written are copied into
+// the file's tails too (dax.go). An O_APPEND handle writes at the end
+// whatever the offset: then every tail is written back and refreshed.
+func (f *FS) writeMapped(h *handle, in *gofuse.WriteIn, src *bufvec.Vec) (int, error) {
+	nt := h.ino.lockTails()
+	off, span := in.Offset, uint64(0)
+	if h.flags&unix.O_APPEND != 0 {
+		h.ino.writeBackTails(nt, true)
+		off, span = 0, math.MaxUint64
+	}
+	n, err := src.WriteTo(h.fd, int64(in.Offset), int(in.Size), h.wait)
+	if span == 0 {
+		span = uint64(max(n, 0))
+	}
+	h.ino.tailsChanged(nt, off, span)
+	return n, err
 }
 
 // Flush is called on every close of a guest fd: drop the lock owner's
@@ -336,6 +361,9 @@ func (f *FS) Flush(in *gofuse.FlushIn) syscall.Errno {
 	}
 	defer h.put()
 	f.dropLockOwner(h.ino, in.LockOwner)
+	if errno := h.ino.writeBackTails(h.ino.tails.Load(), false); errno != 0 {
+		return errno
+	}
 	fd, err := unix.Dup(h.fd)
 	if err != nil {
 		return toErrno(err)
@@ -345,7 +373,9 @@ func (f *FS) Flush(in *gofuse.FlushIn) syscall.Errno {
 
 // Release closes a file handle.
 func (f *FS) Release(in *gofuse.ReleaseIn) {
-	f.release(in.Fh, handleFile)
+	if h := f.release(in.Fh, handleFile); h != nil {
+		h.ino.writeBackTails(h.ino.tails.Load(), false)
+	}
 }
 
 // Fsync syncs a file handle (fdatasync with FUSE_FSYNC_FDATASYNC).
@@ -355,6 +385,9 @@ func (f *FS) Fsync(in *gofuse.FsyncIn) syscall.Errno {
 		return errno
 	}
 	defer h.put()
+	if errno := h.ino.writeBackTails(h.ino.tails.Load(), false); errno != 0 {
+		return errno
+	}
 	return fsyncFD(h.fd, in.FsyncFlags)
 }
 
@@ -370,6 +403,15 @@ func (f *FS) Fallocate(in *gofuse.FallocateIn) syscall.Errno {
 	defer h.put()
 	if int64(in.Offset) < 0 || int64(in.Length) <= 0 {
 		return syscall.EINVAL
+	}
+	if f.dax.on.Load() {
+		// Collapsing and inserting ranges move the bytes after them:
+		// the tails are refreshed from the offset on.
+		nt := h.ino.lockTails()
+		h.ino.writeBackTails(nt, true)
+		errno := toErrno(unix.Fallocate(h.fd, in.Mode, int64(in.Offset), int64(in.Length)))
+		h.ino.tailsChanged(nt, in.Offset, math.MaxUint64)
+		return errno
 	}
 	return toErrno(unix.Fallocate(h.fd, in.Mode, int64(in.Offset), int64(in.Length)))
 }

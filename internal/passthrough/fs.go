@@ -123,6 +123,8 @@ type FS struct {
 	// namesMu orders the guest's renames and unlinks (writers) against
 	// reopen walks (readers) of inode names.
 	namesMu sync.RWMutex
+
+	dax daxTable // the DAX window's mappings (dax.go)
 }
 
 // New opens root (O_PATH) and returns a file system serving it. log (not
@@ -141,7 +143,11 @@ func New(root string, opts Options, log *slog.Logger) (*FS, error) {
 		// confirm and nothing to verify.
 		return nil, fmt.Errorf("migration path confirmation and handle verification apply to find-paths mode only")
 	}
+	if err := checkInodeDAX(opts.InodeDAX); err != nil {
+		return nil, err
+	}
 	f := &FS{opts: opts, log: log, procSelfFD: -1, budget: fdBudget(&opts)}
+	f.SetWindow(opts.Window)
 	f.dirs.slots = make([]*inode, 0, dirCacheSize(f.budget))
 	xm, err := parseXattrMap(opts.XattrMap)
 	if err != nil {
@@ -274,6 +280,7 @@ func (f *FS) Close() error {
 	f.closing.Store(true)
 	f.naming.Wait()
 	f.stopCollecting(true)
+	f.resetDAX(false)
 	f.reset()
 	f.creds.stop()
 	f.closeOnce.Do(func() {
@@ -364,6 +371,7 @@ func optionCaps(writeback, posixACL, submounts bool) uint64 {
 func (f *FS) Init(caps uint64) {
 	f.sessionMu.Lock()
 	defer f.sessionMu.Unlock()
+	f.resetDAX(true)
 	if f.initDone {
 		f.reset()
 	}
@@ -385,6 +393,7 @@ func (f *FS) setSession(caps uint64) {
 func (f *FS) Destroy() {
 	f.sessionMu.Lock()
 	defer f.sessionMu.Unlock()
+	f.resetDAX(true)
 	f.reset()
 	f.initDone = false
 }
@@ -420,6 +429,8 @@ func (f *FS) reset() {
 // fds they keep open.
 type Stats struct {
 	Inodes, Handles, InodeFDs, HandleFDs, LockFDs int
+	// MapFDs are the fds DAX tails hold (dax.go).
+	MapFDs int
 }
 
 // Stats returns the current table sizes.
@@ -430,6 +441,7 @@ func (f *FS) Stats() Stats {
 		InodeFDs:  int(f.inodeFDs.Load()),
 		HandleFDs: int(f.handleFDs.Load()),
 		LockFDs:   int(f.locks.Load()),
+		MapFDs:    int(f.dax.fds.Load()),
 	}
 }
 
@@ -507,6 +519,7 @@ func (f *FS) fillEntry(out *gofuse.EntryOut, i *inode, st *unix.Statx_t, parentM
 	if f.submounts.Load() && i.isDir() && st.Mnt_id != parentMnt {
 		out.Attr.Flags |= gofuse.ATTR_SUBMOUNT
 	}
+	f.setAttrDAX(i, &out.Attr)
 	setTimeout(&out.EntryValid, &out.EntryValidNsec, f.entryTimeout)
 	setTimeout(&out.AttrValid, &out.AttrValidNsec, f.attrTimeout)
 }

@@ -10,3 +10,6 @@ var _ fuse.FileSystem = (*passthrough.FS)(nil)
 
 // FS migrates.
 var _ fuse.MigratableFileSystem = (*passthrough.FS)(nil)
+
+// FS offers the server its DAX window.
+var _ fuse.Windowed = (*passthrough.FS)(nil)

@@ -74,6 +74,13 @@ type inode struct {
 	// (tryEvict). A handle adds to it after taking its reference and
 	// takes from it before dropping it.
 	handles atomic.Int32
+	// writers counts those of the handles open for writing (a writable
+	// DAX mapping needs one).
+	writers atomic.Int32
+	// tails are the inode's DAX tail copies (dax.go), nil until its
+	// first; daxFlag caches its host file's FS_XFLAG_DAX.
+	tails   atomic.Pointer[nodeTails]
+	daxFlag atomic.Uint32
 
 	// name is where the daemon last saw the object (held by fd only),
 	// for reopening it once evicted; nil: nameless, never evicted.
@@ -225,9 +232,11 @@ type handle struct {
 	fd    int
 	ino   *inode // a reference is held for the handle's lifetime
 	kind  handleKind
-	flags int         // host open flags
-	wait  bufvec.Wait // how READ and WRITE issue their syscalls (fileWait)
-	refs  atomic.Int64
+	flags int // host open flags
+	// writer: counted in ino.writers (open for writing).
+	writer bool
+	wait   bufvec.Wait // how READ and WRITE issue their syscalls (fileWait)
+	refs   atomic.Int64
 
 	dir *dirStream // directories only
 
@@ -254,6 +263,9 @@ func (h *handle) put() {
 		h.ino.fs.handleFDs.Add(-1)
 	}
 	h.ino.handles.Add(-1)
+	if h.writer {
+		h.ino.writers.Add(-1)
+	}
 	h.ino.put()
 }
 

@@ -336,6 +336,7 @@ func (l *loader) stageHandle(r *migstate.Handle) error {
 	}
 	i.ref.Add(1) // the handle's reference
 	i.handles.Add(1)
+	h.countWriter()
 	h.refs.Store(1)
 	l.st.handles = append(l.st.handles, h)
 	return nil

@@ -137,6 +137,15 @@ type Options struct {
 
 	// Migration tunes live migration (SaveState, LoadState).
 	Migration MigrationOptions
+
+	// Window is the DAX window (--cache-size; dax.go): nil for none, and
+	// SETUPMAPPING and REMOVEMAPPING are then ENOSYS. SetWindow sets it
+	// after New.
+	Window Window
+	// InodeDAX says which regular files get FUSE_ATTR_DAX when the guest
+	// mounts with dax=inode (--inode-dax): InodeDAXAll ("" too) or
+	// InodeDAXFlag.
+	InodeDAX string
 }
 
 // MigrationOnError is what a migration destination does with an inode it

@@ -65,6 +65,9 @@ var allowlist = [...]string{
 	"syncfs", "copy_file_range", "preadv", "pwritev", "preadv2", "pwritev2", "flock",
 	"getxattr", "fgetxattr", "lgetxattr", "setxattr", "fsetxattr", "lsetxattr",
 	"listxattr", "flistxattr", "llistxattr", "removexattr", "fremovexattr", "lremovexattr",
+	// DAX (--cache-size): the memfd copies of mapped files' tails
+	// (passthrough dax.go; pread64, pwrite64, ftruncate, mmap are above).
+	"memfd_create",
 	// Per-request credentials on the passthrough's locked threads; each
 	// of those threads has a private fs_struct (umask, cwd).
 	"setfsuid", "setfsgid", "umask", "fchdir",
@@ -135,11 +138,28 @@ func loadSeccomp(mode SeccompMode) (int, error) {
 		return 0, fmt.Errorf("seccomp: allowing setgroups of a few groups: %w", err)
 	}
 	n++
+	// --inode-dax flag reads a file's FS_XFLAG_DAX: ioctl
+	// FS_IOC_FSGETXATTR, and no other ioctl.
+	ioctl, err := seccomp.GetSyscallFromName("ioctl")
+	if err != nil {
+		return 0, fmt.Errorf("seccomp: %w", err)
+	}
+	if cond, err = seccomp.MakeCondition(1, seccomp.CompareEqual, fsIocFsGetXattr); err != nil {
+		return 0, fmt.Errorf("seccomp: %w", err)
+	}
+	if err := f.AddRuleConditional(ioctl, seccomp.ActAllow, []seccomp.ScmpCondition{cond}); err != nil {
+		return 0, fmt.Errorf("seccomp: allowing ioctl(FS_IOC_FSGETXATTR): %w", err)
+	}
+	n++
 	if err := f.Load(); err != nil {
 		return 0, fmt.Errorf("seccomp: loading the filter: %w", err)
 	}
 	return n, nil
 }
+
+// fsIocFsGetXattr is FS_IOC_FSGETXATTR, _IOR('X', 31, struct fsxattr of
+// 28 bytes), the passthrough's only ioctl.
+const fsIocFsGetXattr = 0x801c581f
 
 // maxCreateGroups is internal/fuse.MaxGroups: the most supplementary groups
 // a creation request carries, which the passthrough sets with setgroups.

@@ -71,6 +71,29 @@ var seccompCases = map[string]struct {
 		_, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, maxCreateGroups+1, uintptr(unsafe.Pointer(&g[0])), 0)
 		return errnoErr(e)
 	}, false},
+	// DAX: the tails' memfds; FS_IOC_FSGETXATTR and no other ioctl
+	// (an answer of the file system's, ENOTTY say, is not a kill).
+	"memfd_create": {func() error {
+		fd, err := unix.MemfdCreate("t", unix.MFD_CLOEXEC)
+		if err == nil {
+			unix.Close(fd)
+		}
+		return err
+	}, true},
+	"ioctl fsgetxattr": {func() error {
+		var b [28]byte
+		_, _, e := unix.Syscall(unix.SYS_IOCTL, 0, fsIocFsGetXattr, uintptr(unsafe.Pointer(&b[0])))
+		if e == unix.ENOTTY || e == unix.EOPNOTSUPP || e == unix.EINVAL || e == unix.EBADF {
+			return nil
+		}
+		return errnoErr(e)
+	}, true},
+	"ioctl tcgets": {func() error {
+		var b [64]byte
+		_, _, e := unix.Syscall(unix.SYS_IOCTL, 0, unix.TCGETS, uintptr(unsafe.Pointer(&b[0])))
+		_ = e
+		return nil
+	}, false},
 	"unshare fs":    {func() error { return unix.Unshare(unix.CLONE_FS) }, true},
 	"unshare mount": {func() error { return unix.Unshare(unix.CLONE_NEWNS) }, false},
 }

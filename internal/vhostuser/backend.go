@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -92,6 +93,11 @@ type Config struct {
 	// gives the process a P for each (cmd/govirtiofsd); nil leaves
 	// GOMAXPROCS alone.
 	RingsWatched func(n int)
+	// CacheSize is the size in bytes of the DAX window (shared-memory
+	// region 0) offered to the front end, 0 for none; else
+	// CheckCacheSize's rules hold. With a window the SHMEM protocol
+	// feature is offered and DEVICE_STATE is not (Window, window.go).
+	CacheSize uint64
 }
 
 // Backend serves one vhost-user connection.
@@ -120,6 +126,12 @@ type Backend struct {
 	busyWorkers   atomic.Int32
 	watched       int                  // the most rings told to Config.RingsWatched
 	stats         *[MaxRings]ringStats // nil with Config.Metrics off
+	window        Window               // the DAX window; size 0 without one
+	// callRings is one more than the highest ring index SET_VRING_CALL
+	// named on this connection: the rings the front end set up
+	// (getConfig).
+	callRings int
+	capLogged bool // requestQueues said once that it capped the answer
 }
 
 // NewBackend returns a back end for cfg.
@@ -136,10 +148,16 @@ func NewBackend(cfg Config) (*Backend, error) {
 	if len(cfg.Tag) > 36 {
 		return nil, fmt.Errorf("vhostuser: tag %q longer than 36 bytes", cfg.Tag)
 	}
+	if cfg.CacheSize != 0 {
+		if err := CheckCacheSize(cfg.CacheSize); err != nil {
+			return nil, fmt.Errorf("vhostuser: %w", err)
+		}
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	b := &Backend{cfg: cfg, log: cfg.Logger, transferStall: transferStall}
+	b.window.init(b, cfg.CacheSize)
 	if cfg.Metrics {
 		b.stats = new([MaxRings]ringStats)
 	}
@@ -168,6 +186,11 @@ func (b *Backend) ServeFirst(ln *net.UnixListener) error {
 // both cases every ring is stopped and all memory released.
 func (b *Backend) Serve(uc *net.UnixConn) error {
 	b.c = newConn(uc)
+	b.callRings, b.capLogged = 0, false
+	// Guest memory the message loop reads (a ring's indices) may fault:
+	// a guest can put its rings in a DAX window page and truncate the
+	// file behind it. That fails the message (faultSafe), not the daemon.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer b.shutdown()
 	for {
 		m, err := b.c.readMessage()
@@ -183,12 +206,17 @@ func (b *Backend) Serve(uc *net.UnixConn) error {
 			}
 			return fmt.Errorf("read message: %w", err)
 		}
-		if err := b.dispatch(m); err != nil {
-			if isDisconnect(err) {
-				b.log.Info("front end disconnected before our reply", "how", err.Error())
+		var derr error
+		if ferr := faultSafe(func() error { derr = b.dispatch(m); return nil }); ferr != nil {
+			m.closeFDs()
+			b.refuse(m, ferr) // logged; answered if the front end waits for an ack
+		}
+		if derr != nil {
+			if isDisconnect(derr) {
+				b.log.Info("front end disconnected before our reply", "how", derr.Error())
 				return nil
 			}
-			return err
+			return derr
 		}
 	}
 }
@@ -205,6 +233,7 @@ func (b *Backend) shutdown() {
 	b.dirty.Replace(nil, nil)
 	b.memory.Replace(nil)
 	b.regions = nil
+	b.window.forget("front end gone")
 	b.channel.close()
 }
 
@@ -264,11 +293,23 @@ func (b *Backend) dispatch(m *Message) error {
 		reply, err = b.getVringBase(m)
 	case reqGetConfig:
 		reply, err = b.getConfig(m)
+	case reqGetShmemConfig:
+		if b.proto&protoShmem == 0 {
+			replied = false
+			err = errors.New("SHMEM not negotiated")
+			break
+		}
+		reply = b.shmemConfig()
 	case reqGetInflightFD:
 		// Not offered; answer an empty area so a confused front end
 		// does not wait forever.
 		reply = make([]byte, 8+8+2+2)
 	case reqSetDeviceStateFD, reqCheckDeviceState, reqSetLogBase:
+		if m.Request == reqSetDeviceStateFD && b.cfg.CacheSize > 0 {
+			replied = false
+			err = errors.New("no migration while a DAX window is offered (--cache-size): QEMU blocks it, and the guest's mappings could not follow")
+			break
+		}
 		if !b.alwaysReplied(m.Request) {
 			// Not negotiated: refused as an unknown request is.
 			replied = false
@@ -359,6 +400,7 @@ func (b *Backend) setBackendReqFD(m *Message) error {
 	if fd < 0 {
 		return errors.New("no fd attached")
 	}
+	b.window.forget("new back-end channel")
 	b.channel.set(fd)
 	return nil
 }
@@ -379,6 +421,7 @@ func (b *Backend) setStatus(m *Message) error {
 // are forgotten.
 func (b *Backend) resetDevice(*Message) error {
 	b.abortTransfer()
+	b.window.forget("device reset")
 	for _, r := range b.rings {
 		if r != nil {
 			r.reset()
@@ -519,8 +562,16 @@ func (b *Backend) setVringKick(m *Message) error {
 	return nil
 }
 
-func (b *Backend) setVringCall(m *Message) error { return b.setVringFile(m, (*vring).setCall) }
-func (b *Backend) setVringErr(m *Message) error  { return b.setVringFile(m, (*vring).setErr) }
+func (b *Backend) setVringCall(m *Message) error {
+	if err := b.setVringFile(m, (*vring).setCall); err != nil {
+		return err
+	}
+	if v, _ := payloadU64(m); int(v&vringIdxMask) >= b.callRings {
+		b.callRings = int(v&vringIdxMask) + 1
+	}
+	return nil
+}
+func (b *Backend) setVringErr(m *Message) error { return b.setVringFile(m, (*vring).setErr) }
 
 func (b *Backend) setVringFile(m *Message, set func(*vring, int)) error {
 	r, fd, err := b.ringFile(m, "fd")
@@ -581,10 +632,41 @@ func (b *Backend) getConfig(m *Message) ([]byte, error) {
 	}
 	var cfg [configSize]byte
 	copy(cfg[:36], b.cfg.Tag)
-	binary.LittleEndian.PutUint32(cfg[36:], uint32(b.cfg.RequestQueues))
+	binary.LittleEndian.PutUint32(cfg[36:], uint32(b.requestQueues()))
 	data := make([]byte, size)
 	if uint64(off) < configSize {
 		copy(data, cfg[off:])
 	}
 	return append(reply, data...), nil
+}
+
+// requestQueues is the num_request_queues of the device config. A front
+// end that passes our config through to the guest (QEMU's
+// vhost-user-test-device-pci, which gives the guest num_vqs rings whatever
+// we say) sets up each of its rings with SET_VRING_CALL at realize, before
+// the guest reads the config: a guest told of more request queues than
+// that asks for rings the device lacks and its probe fails (-22). So the
+// answer is capped at the rings set up, less hiprio, once that is known.
+// vhost-user-fs-pci writes its own config and never asks.
+func (b *Backend) requestQueues() int {
+	n := b.cfg.RequestQueues
+	if b.callRings >= 2 && b.callRings-1 < n {
+		n = b.callRings - 1
+		if !b.capLogged {
+			b.capLogged = true
+			b.log.Info("device config: num_request_queues follows the rings the front end set up",
+				"num_request_queues", n, "rings", b.callRings, "queues", b.cfg.RequestQueues)
+		}
+	}
+	return n
+}
+
+// shmemConfig is GET_SHMEM_CONFIG's answer: u32 nregions, u32 padding,
+// u64 sizes[256] indexed by shmid. Region 0 (Linux's
+// VIRTIO_FS_SHMCAP_ID_CACHE) is the window.
+func (b *Backend) shmemConfig() []byte {
+	reply := make([]byte, shmemConfigSize)
+	binary.LittleEndian.PutUint32(reply[0:], 1)
+	binary.LittleEndian.PutUint64(reply[8:], b.cfg.CacheSize)
+	return reply
 }

@@ -54,6 +54,8 @@ type BackendChannel struct {
 
 	usable   atomic.Bool // BACKEND_REQ, BACKEND_SEND_FD and REPLY_ACK negotiated
 	aborting atomic.Int32
+	// staleWait is staleReplyWait, unless a test shortened it.
+	staleWait time.Duration
 }
 
 func (c *BackendChannel) set(fd int) {
@@ -116,17 +118,11 @@ func (c *BackendChannel) Bounce(fd int, off int64, segs []bufvec.Segment, toGues
 	if !c.usable.Load() {
 		return 0, unix.EFAULT
 	}
-	c.ioMu.Lock()
-	defer c.ioMu.Unlock()
 	if c.aborting.Load() > 0 {
 		return 0, errCancelled
 	}
-	f := c.file()
-	if f == nil {
+	if !c.Available() {
 		return 0, unix.EFAULT
-	}
-	if err := c.discardStale(f); err != nil {
-		return 0, err
 	}
 	var total uint64
 	var p [fsioPayloadSize]byte
@@ -158,29 +154,80 @@ func (c *BackendChannel) Bounce(fd int, off int64, segs []bufvec.Segment, toGues
 		binary.LittleEndian.PutUint64(p[192+8*i:], flags)
 		total += n
 	}
-	if err := sendRequest(f, backendReqFSIO, p[:], fd); err != nil {
-		return 0, fmt.Errorf("send FS_IO: %w", err)
-	}
-	got, err := readAck(f, backendReqFSIO)
-	if err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			c.stale++ // the VMM may still answer (and may still do the I/O)
-			return 0, errCancelled
-		}
-		return 0, unix.EIO
-	}
-	if got != total {
+	got, err := c.call(backendReqFSIO, p[:], fd, 0)
+	switch {
+	case errors.Is(err, errNoChannel):
+		return 0, unix.EFAULT
+	case errors.Is(err, errUnanswered):
+		return 0, errCancelled
+	case err != nil:
+		return 0, err // EIO: cancelled by a ring stop, or the stream failed
+	case got != total:
 		return 0, unix.EFAULT
 	}
 	return int(total), nil
 }
 
+// call's errors besides EIO: no channel, and a request sent whose answer
+// did not come (a ring stop or the wait's limit): the VMM may still act.
+var (
+	errNoChannel  = errors.New("no back-end channel")
+	errUnanswered = errors.New("back-end request cancelled before its answer")
+)
+
+// call sends request req with NEED_REPLY, its payload and fd (none if
+// negative), and returns the VMM's u64 answer. One request is outstanding
+// at a time: replies carry no tag. It fails with errNoChannel without a
+// channel, with errUnanswered when a ring stop cancels the wait for a
+// request sent (abort) or the wait outlasts wait (0: no limit), and with
+// EIO when the request cannot be sent or the answer is malformed; the reply
+// still owed for a request sent and cancelled is read and discarded before
+// the next request.
+func (c *BackendChannel) call(req uint32, payload []byte, fd int, wait time.Duration) (uint64, error) {
+	c.ioMu.Lock()
+	defer c.ioMu.Unlock()
+	f := c.file()
+	if f == nil {
+		return 0, errNoChannel
+	}
+	if err := c.discardStale(f); err != nil {
+		return 0, err
+	}
+	// The deadline first, then the abort check: an abort that comes
+	// after the check sets its own deadline after ours (abort), so the
+	// wait below cannot miss it.
+	var deadline time.Time
+	if wait > 0 {
+		deadline = time.Now().Add(wait)
+	}
+	f.SetReadDeadline(deadline)
+	if c.aborting.Load() > 0 {
+		return 0, errCancelled
+	}
+	if err := sendRequest(f, req, payload, fd); err != nil {
+		return 0, unix.EIO
+	}
+	got, err := readAck(f, req)
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			c.stale++ // the VMM may still answer (and may still act)
+			return 0, errUnanswered
+		}
+		return 0, unix.EIO
+	}
+	return got, nil
+}
+
 // discardStale reads the late replies of cancelled requests.
 func (c *BackendChannel) discardStale(f *os.File) error {
 	f.SetReadDeadline(time.Time{})
+	wait := c.staleWait
+	if wait == 0 {
+		wait = staleReplyWait
+	}
 	for c.stale > 0 {
-		f.SetReadDeadline(time.Now().Add(staleReplyWait))
-		_, err := readAck(f, backendReqFSIO)
+		f.SetReadDeadline(time.Now().Add(wait))
+		_, err := readAck(f, 0)
 		f.SetReadDeadline(time.Time{})
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			return errCancelled // still owed: do not mix it up with ours
@@ -193,8 +240,13 @@ func (c *BackendChannel) discardStale(f *os.File) error {
 	return nil
 }
 
-// sendRequest sends a back-end request with NEED_REPLY and one fd.
+// sendRequest sends a back-end request with NEED_REPLY and one fd (none if
+// fd is negative).
 func sendRequest(f *os.File, req uint32, payload []byte, fd int) error {
+	var oob []byte
+	if fd >= 0 {
+		oob = unix.UnixRights(fd)
+	}
 	msg := make([]byte, headerSize+len(payload))
 	binary.LittleEndian.PutUint32(msg[0:], req)
 	binary.LittleEndian.PutUint32(msg[4:], flagVersion|flagNeedReply)
@@ -206,7 +258,7 @@ func sendRequest(f *os.File, req uint32, payload []byte, fd int) error {
 	}
 	var serr error
 	werr := rc.Write(func(s uintptr) bool {
-		serr = unix.Sendmsg(int(s), msg, unix.UnixRights(fd), nil, 0)
+		serr = unix.Sendmsg(int(s), msg, oob, nil, 0)
 		return serr != unix.EAGAIN
 	})
 	if werr != nil {
@@ -215,20 +267,29 @@ func sendRequest(f *os.File, req uint32, payload []byte, fd int) error {
 	return serr
 }
 
-// readAck reads a u64 reply to request req.
+// readAck reads a u64 reply to request req (to any request when req is
+// 0). A reply of another size is read whole, so the stream stays in step,
+// and refused.
 func readAck(f *os.File, req uint32) (uint64, error) {
 	var b [headerSize + 8]byte
-	if _, err := io.ReadFull(f, b[:]); err != nil {
+	if _, err := io.ReadFull(f, b[:headerSize]); err != nil {
 		return 0, err
 	}
-	if r := binary.LittleEndian.Uint32(b[0:]); r != req {
+	n := binary.LittleEndian.Uint32(b[8:])
+	if n != 8 {
+		if n <= maxPayload {
+			io.CopyN(io.Discard, f, int64(n))
+		}
+		return 0, fmt.Errorf("reply payload of %d bytes", n)
+	}
+	if _, err := io.ReadFull(f, b[headerSize:]); err != nil {
+		return 0, err
+	}
+	if r := binary.LittleEndian.Uint32(b[0:]); req != 0 && r != req {
 		return 0, fmt.Errorf("reply to request %d, want %d", r, req)
 	}
 	if fl := binary.LittleEndian.Uint32(b[4:]); fl&flagReply == 0 {
 		return 0, fmt.Errorf("reply without the reply flag (%#x)", fl)
-	}
-	if n := binary.LittleEndian.Uint32(b[8:]); n != 8 {
-		return 0, fmt.Errorf("reply payload of %d bytes", n)
 	}
 	return binary.LittleEndian.Uint64(b[headerSize:]), nil
 }

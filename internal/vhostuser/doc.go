@@ -20,7 +20,9 @@
 //
 // Who blocks where. A server is serving a request; or watching: asleep
 // in ppoll(2) on the ring's kick eventfd (kick.go), at most one per ring;
-// or parked on its own channel. Nothing else blocks: there is no
+// or parked on its own channel; or waiting for the VMM's answer on the
+// back-end channel (an FS_IO bounce, a DAX window's map: channel.go,
+// window.go), which a ring stop cancels. Nothing else blocks: there is no
 // dispatcher, no queue between goroutines and no lock shared by rings.
 //
 // Who serves which request. A server holds the ring's mutex only to pop:
@@ -51,8 +53,9 @@
 // stopping, interrupts the watcher, wakes the parked servers and waits for
 // every server to finish the request it holds and exit: the ring's base
 // (split: its avail index; packed: both indices and wrap counters) is then
-// exact. Before it waits it cancels any FS_IO bounce, whose
-// VMM answers only after the message that stops the ring is answered.
+// exact. Before it waits it cancels any FS_IO bounce or window map,
+// whose VMM answers only after the message that stops the ring is
+// answered.
 // Memory and call fd changes need no stop: chains are translated with a
 // referenced table (the newest at each look at the ring), and the Queue
 // swaps the call fd under its own lock.

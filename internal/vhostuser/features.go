@@ -32,6 +32,7 @@ const (
 	protoConfigureMemSlots = 1 << 15
 	protoStatus            = 1 << 16
 	protoDeviceState       = 1 << 19
+	protoShmem             = 1 << 22 // VHOST_USER_PROTOCOL_F_SHMEM: a shared-memory window (window.go)
 )
 
 // offer sets the features the back end offers for its configuration.
@@ -43,7 +44,12 @@ func (b *Backend) offer() {
 	if b.cfg.Tag != "" {
 		b.protoOffered |= protoConfig
 	}
-	if b.cfg.State != nil {
+	switch {
+	case b.cfg.CacheSize > 0:
+		// A device with shared-memory regions cannot migrate (QEMU
+		// blocks it): DEVICE_STATE is not offered beside a window.
+		b.protoOffered |= protoShmem
+	case b.cfg.State != nil:
 		b.protoOffered |= protoDeviceState
 	}
 }
@@ -82,5 +88,7 @@ func (b *Backend) setProtocolFeatures(m *Message) error {
 	b.proto = v
 	const bounce = protoBackendReq | protoBackendSendFD | protoReplyAck
 	b.channel.usable.Store(v&bounce == bounce)
+	const shmem = protoShmem | protoBackendReq | protoReplyAck
+	b.window.usable.Store(b.window.size > 0 && v&shmem == shmem)
 	return nil
 }

@@ -8,34 +8,43 @@ import (
 	"github.com/govirtiofsd/govirtiofsd/internal/virtqueue"
 )
 
-// mapRegion maps the front end's memory fd for region d. The fd is mapped
-// from offset 0 for mmap_offset+size bytes, as libvhost-user does: an mmap
-// offset that is not a multiple of the huge page size fails on hugetlbfs,
-// where Kata's guest memory may live.
-func mapRegion(fd int, d memRegionDesc) (*virtqueue.Mapping, error) {
+// mapRegion maps the front end's memory fd for region d and returns the
+// mapping and the region's offset in it. The fd is mapped from offset 0 for
+// mmap_offset+size bytes, as libvhost-user does: an mmap offset that is not
+// a multiple of the huge page size fails on hugetlbfs, where Kata's guest
+// memory may live. Other files are mapped from mmap_offset rounded down to
+// a page: a DAX window region (window.go) is a host file mapped at its
+// file offset, which may lie far into a large file, and mapping everything
+// before it would waste the address space 256 times over.
+func mapRegion(fd int, d memRegionDesc) (*virtqueue.Mapping, uint64, error) {
 	if d.size == 0 {
-		return nil, fmt.Errorf("region at %#x has size 0", d.gpa)
+		return nil, 0, fmt.Errorf("region at %#x has size 0", d.gpa)
 	}
 	end := d.mmapOffset + d.size
 	if end < d.mmapOffset || end > 1<<47 {
-		return nil, fmt.Errorf("region at %#x: mmap offset %#x + size %#x out of range", d.gpa, d.mmapOffset, d.size)
+		return nil, 0, fmt.Errorf("region at %#x: mmap offset %#x + size %#x out of range", d.gpa, d.mmapOffset, d.size)
 	}
 	if d.gpa+d.size < d.gpa || d.uva+d.size < d.uva {
-		return nil, fmt.Errorf("region at %#x: size %#x wraps", d.gpa, d.size)
+		return nil, 0, fmt.Errorf("region at %#x: size %#x wraps", d.gpa, d.size)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("region at %#x: fstat: %w", d.gpa, err)
+		return nil, 0, fmt.Errorf("region at %#x: fstat: %w", d.gpa, err)
 	}
 	// Touching a page beyond the end of the file would raise SIGBUS.
 	if st.Mode&unix.S_IFMT == unix.S_IFREG && uint64(st.Size) < end {
-		return nil, fmt.Errorf("region at %#x: fd holds %#x bytes, region needs %#x", d.gpa, st.Size, end)
+		return nil, 0, fmt.Errorf("region at %#x: fd holds %#x bytes, region needs %#x", d.gpa, st.Size, end)
 	}
-	data, err := unix.Mmap(fd, 0, int(end), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_NORESERVE)
+	var start uint64
+	var sfs unix.Statfs_t
+	if unix.Fstatfs(fd, &sfs) == nil && sfs.Type != unix.HUGETLBFS_MAGIC {
+		start = d.mmapOffset &^ (windowPage - 1)
+	}
+	data, err := unix.Mmap(fd, int64(start), int(end-start), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_NORESERVE)
 	if err != nil {
-		return nil, fmt.Errorf("region at %#x: mmap %#x bytes: %w", d.gpa, end, err)
+		return nil, 0, fmt.Errorf("region at %#x: mmap %#x bytes at %#x: %w", d.gpa, end-start, start, err)
 	}
-	return virtqueue.NewMapping(data, func(b []byte) { unix.Munmap(b) }), nil
+	return virtqueue.NewMapping(data, func(b []byte) { unix.Munmap(b) }), d.mmapOffset - start, nil
 }
 
 // install builds a table from regions and makes it current. The new table
@@ -66,12 +75,12 @@ func (b *Backend) setMemTable(m *Message) error {
 		}
 	}()
 	for i, d := range descs {
-		mp, err := mapRegion(m.FDs[i], d)
+		mp, off, err := mapRegion(m.FDs[i], d)
 		if err != nil {
 			return fmt.Errorf("set mem table: region %d: %w", i, err)
 		}
 		maps = append(maps, mp)
-		r, err := virtqueue.NewRegion(d.gpa, d.size, d.uva, d.mmapOffset, mp)
+		r, err := virtqueue.NewRegion(d.gpa, d.size, d.uva, off, mp)
 		if err != nil {
 			return fmt.Errorf("set mem table: region %d: %w", i, err)
 		}
@@ -105,12 +114,12 @@ func (b *Backend) addMemReg(m *Message) error {
 	if len(b.regions) >= maxMemSlots {
 		return fmt.Errorf("add mem reg: all %d slots in use", maxMemSlots)
 	}
-	mp, err := mapRegion(m.FDs[0], d)
+	mp, off, err := mapRegion(m.FDs[0], d)
 	if err != nil {
 		return fmt.Errorf("add mem reg: %w", err)
 	}
 	defer mp.Put()
-	r, err := virtqueue.NewRegion(d.gpa, d.size, d.uva, d.mmapOffset, mp)
+	r, err := virtqueue.NewRegion(d.gpa, d.size, d.uva, off, mp)
 	if err != nil {
 		return fmt.Errorf("add mem reg: %w", err)
 	}

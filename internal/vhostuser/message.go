@@ -47,6 +47,7 @@ const (
 	reqGetStatus           = 40
 	reqSetDeviceStateFD    = 42
 	reqCheckDeviceState    = 43
+	reqGetShmemConfig      = 44
 )
 
 var requestNames = map[uint32]string{
@@ -85,6 +86,7 @@ var requestNames = map[uint32]string{
 	reqGetStatus:           "GET_STATUS",
 	reqSetDeviceStateFD:    "SET_DEVICE_STATE_FD",
 	reqCheckDeviceState:    "CHECK_DEVICE_STATE",
+	reqGetShmemConfig:      "GET_SHMEM_CONFIG",
 }
 
 func requestName(r uint32) string {

@@ -97,13 +97,31 @@ func (rn *runner) stop() {
 	rn.endLocked()
 	rn.unlock()
 	<-rn.done
-	if err := rn.q.Notify(); err != nil {
-		rn.r.log().Warn("notify guest", "err", err)
-	}
 	putMem(&rn.mem)
 	if rn.kick != nil {
 		rn.kick.close()
 	}
+	// The ring's memory may fault (the guest put it in a DAX window page
+	// whose file was truncated): that must not end the message loop.
+	if err := faultSafe(func() error { return rn.q.Notify() }); err != nil {
+		rn.r.log().Warn("notify guest", "err", err)
+	}
+}
+
+// faultSafe runs f on a goroutine that panics on faults (the message
+// loop: Backend.Serve) and turns a fault on guest memory into an error.
+// Other panics go on.
+func faultSafe(f func() error) (err error) {
+	defer func() {
+		if e := recover(); e != nil {
+			fault, ok := e.(interface{ Addr() uintptr })
+			if !ok {
+				panic(e)
+			}
+			err = fmt.Errorf("fault on guest memory at %#x", fault.Addr())
+		}
+	}()
+	return f()
 }
 
 // endLocked makes every server finish what it holds and exit.

@@ -68,22 +68,11 @@ func (r *vring) start() error {
 		// a packed ring: indices 0, both wrap counters 1.
 		r.base = 1<<15 | 1<<31
 	}
-	q, err := virtqueue.New(virtqueue.Config{
-		Size:      r.num,
-		DescAddr:  r.addr.desc,
-		AvailAddr: r.addr.avail,
-		UsedAddr:  r.addr.used,
-		Packed:    packed,
-		Base:      r.base,
-		EventIdx:  r.b.acked&featEventIdx != 0,
-		Indirect:  r.b.acked&featIndirectDesc != 0,
-		// Buffers outside guest memory (a DAX window) can be bounced
-		// through the VMM only over a negotiated back-end channel.
-		AllowUnmapped: r.b.channel.bounceUsable(),
-		Log:           &r.b.dirty,
-		LogUsed:       r.addr.flags&vringFlagLog != 0,
-		UsedLogAddr:   r.addr.logGPA,
-	}, mem)
+	var q *virtqueue.Queue
+	err := faultSafe(func() (err error) { // New reads the ring: it may fault (runner.go, faultSafe)
+		q, err = r.newQueue(mem, packed)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -103,6 +92,26 @@ func (r *vring) start() error {
 	return nil
 }
 
+// newQueue makes the Queue of the configuration.
+func (r *vring) newQueue(mem *virtqueue.GuestMemory, packed bool) (*virtqueue.Queue, error) {
+	return virtqueue.New(virtqueue.Config{
+		Size:      r.num,
+		DescAddr:  r.addr.desc,
+		AvailAddr: r.addr.avail,
+		UsedAddr:  r.addr.used,
+		Packed:    packed,
+		Base:      r.base,
+		EventIdx:  r.b.acked&featEventIdx != 0,
+		Indirect:  r.b.acked&featIndirectDesc != 0,
+		// Buffers outside guest memory (a DAX window) can be bounced
+		// through the VMM only over a negotiated back-end channel.
+		AllowUnmapped: r.b.channel.bounceUsable(),
+		Log:           &r.b.dirty,
+		LogUsed:       r.addr.flags&vringFlagLog != 0,
+		UsedLogAddr:   r.addr.logGPA,
+	}, mem)
+}
+
 // resume starts serving the ring if it is started and enabled.
 func (r *vring) resume() {
 	if r.run != nil || r.queue == nil || !r.enabled || r.queue.Broken() {
@@ -118,9 +127,9 @@ func (r *vring) pause() {
 	if r.run == nil {
 		return
 	}
+	defer r.b.checkWorkers()
+	defer func() { r.run = nil }() // even if the stop faulted (Backend.Serve)
 	r.run.stop()
-	r.run = nil
-	r.b.checkWorkers()
 }
 
 // stop pauses the ring, records where it stopped and releases its Queue: the

@@ -64,12 +64,16 @@ func TestNegotiation(t *testing.T) {
 }
 
 // TestNegotiationQueuesAndTag: GET_QUEUE_NUM follows --queues, CONFIG is
-// offered with --tag and GET_CONFIG answers struct virtio_fs_config.
+// offered with --tag and GET_CONFIG answers struct virtio_fs_config, whose
+// num_request_queues is --queues unless the front end set up fewer rings
+// (SET_VRING_CALL at realize): then the rings less hiprio, as a guest of
+// QEMU's generic vhost-user-test-device-pci must be told.
 func TestNegotiationQueuesAndTag(t *testing.T) {
 	const tag = "myfs-tag"
 	d := startDaemon(t, "--queues", "3", "--tag", tag)
 	o := opts()
 	o.ProtocolFeatures = vmm.QEMUProtocolFeatures | vmm.Bit(vmm.PConfig) // a front end that knows CONFIG
+	o.Queues = 5                                                         // more rings than --queues: capped by --queues
 	dev := d.connect(o)
 	if dev.QueueNum != 4 {
 		t.Errorf("GET_QUEUE_NUM = %d, want 4 (hiprio + --queues 3)", dev.QueueNum)
@@ -100,7 +104,17 @@ func TestNegotiationQueuesAndTag(t *testing.T) {
 	if _, err := dev.Conn.CallFlags(vmm.SetConfig, setCfg, nil, true); replyErr(err) == 0 {
 		t.Errorf("SET_CONFIG: %v, want a REPLY_ACK failure", err)
 	}
-	// Fewer rings than GET_QUEUE_NUM announced: QEMU uses what it wants.
+	// Fewer rings than GET_QUEUE_NUM announced (num_vqs=2 of the generic
+	// device): the config follows the rings, and QEMU uses what it wants.
+	dev.Close()
+	d2 := startDaemon(t, "--queues", "3", "--tag", tag)
+	o.Queues = 2
+	dev = d2.connect(o)
+	le.PutUint32(want[36:], 1)
+	if cfg, err := dev.Conn.GetConfig(0, 40, 0); err != nil || !bytes.Equal(cfg, want) {
+		t.Errorf("GET_CONFIG with 2 rings set up = %q (%v), want %q", cfg, err, want)
+	}
+	d = d2
 	c := newFS(t, dev, 1)
 	c.mount()
 	c.roundTrip(d, "tagged", pattern(2, 100))

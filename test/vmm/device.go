@@ -43,6 +43,11 @@ type Options struct {
 	Ack              AckPolicy     // NEED_REPLY policy once REPLY_ACK is negotiated
 	QuietKick        bool          // kick eventfds start at 0 instead of QEMU's 1
 	Timeout          time.Duration // for replies and completions; default 5 s
+	// Shmem acknowledges the SHMEM protocol feature when offered and sets
+	// up the back end's window at Init (shmem.go); WindowBase is its
+	// guest-physical address (0: DefaultWindowBase).
+	Shmem      bool
+	WindowBase uint64
 }
 
 // DefaultOptions returns the defaults, with the rings in the low region and
@@ -90,12 +95,14 @@ type Device struct {
 	Queues  []*Queue
 	Backend *Conn // our end of the backend-request channel, if negotiated
 
-	Offered          uint64 // GET_FEATURES answer
-	Features         uint64 // what SET_FEATURES sent
-	OfferedProtocol  uint64 // GET_PROTOCOL_FEATURES answer
-	ProtocolFeatures uint64 // what SET_PROTOCOL_FEATURES sent
-	QueueNum         uint64 // GET_QUEUE_NUM answer (0 if not asked)
-	MaxMemSlots      uint64 // GET_MAX_MEM_SLOTS answer (0 if not asked)
+	Offered          uint64  // GET_FEATURES answer
+	Features         uint64  // what SET_FEATURES sent
+	OfferedProtocol  uint64  // GET_PROTOCOL_FEATURES answer
+	ProtocolFeatures uint64  // what SET_PROTOCOL_FEATURES sent
+	QueueNum         uint64  // GET_QUEUE_NUM answer (0 if not asked)
+	MaxMemSlots      uint64  // GET_MAX_MEM_SLOTS answer (0 if not asked)
+	ShmemRegions     uint32  // GET_SHMEM_CONFIG's nregions (Options.Shmem)
+	Window           *Window // shared-memory region 0, if the back end has one (Options.Shmem)
 
 	opts      Options
 	announced []bool   // per region: the back end knows it
@@ -105,6 +112,9 @@ type Device struct {
 	logging   bool      // between StartLogging and StopLogging
 	log       *DirtyLog // the log while logging
 	closeOnce sync.Once
+
+	windowMu   sync.Mutex
+	windowErrs []string // why ServeWindow refused requests
 }
 
 // New prepares guest memory and rings for a device on conn; it sends
@@ -214,6 +224,7 @@ func (d *Device) hotplugged(i int) bool { return slices.Contains(d.opts.Hotplug,
 //	SET_BACKEND_REQ_FD, NEED_REPLY with REPLY_ACK (if BACKEND_REQ)
 //	SET_OWNER
 //	GET_FEATURES
+//	GET_SHMEM_CONFIG                              (if SHMEM, Options.Shmem)
 //	per ring: SET_VRING_CALL (QEMU's masked notifier), SET_VRING_ERR
 func (d *Device) Init() error {
 	c := d.Conn
@@ -228,7 +239,11 @@ func (d *Device) Init() error {
 		if d.OfferedProtocol, err = c.GetProtocolFeatures(); err != nil {
 			return err
 		}
-		d.ProtocolFeatures = d.OfferedProtocol & d.opts.ProtocolFeatures
+		known := d.opts.ProtocolFeatures
+		if d.opts.Shmem {
+			known |= Bit(PShmem)
+		}
+		d.ProtocolFeatures = d.OfferedProtocol & known
 		if err := c.SetProtocolFeatures(d.ProtocolFeatures); err != nil {
 			return err
 		}
@@ -262,6 +277,12 @@ func (d *Device) Init() error {
 	}
 	if _, err := c.GetFeatures(); err != nil {
 		return err
+	}
+	if d.HasProtocol(PShmem) && d.Window == nil {
+		// QEMU 11.1's vhost-user-base realize asks once.
+		if err := d.getShmemConfig(); err != nil {
+			return err
+		}
 	}
 	for i, q := range d.Queues {
 		if err := c.SetVringCall(uint32(i), q.CallFd()); err != nil {
@@ -548,6 +569,9 @@ func (d *Device) Close() error {
 		d.Conn.Close()
 		if d.Backend != nil {
 			d.Backend.Close()
+		}
+		if d.Window != nil {
+			d.Window.close()
 		}
 		for _, q := range d.Queues {
 			q.Close()

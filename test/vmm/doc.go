@@ -47,6 +47,12 @@
 //     fails with ErrNotOffered); their vring bases carry both indices and
 //     wrap counters (PackedBase), starting at PackedResetBase.
 //
+//   - The shared-memory window (shmem.go): with Options.Shmem the front end
+//     acks SHMEM, asks GET_SHMEM_CONFIG and reserves region 0 at
+//     Options.WindowBase; ServeWindow (a BackendHandler) and
+//     MapWindow/UnmapWindow map files into it as QEMU 11.1 does, announcing
+//     each mapping with ADD_MEM_REG / REM_MEM_REG before answering.
+//
 //   - Queue.AddMalformed (malformed.go) breaks an otherwise valid request
 //     in one of the ways a device must survive (loops, out-of-range
 //     indices, addresses outside RAM or wrapping, bad indirect tables,

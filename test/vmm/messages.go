@@ -42,6 +42,7 @@ const (
 	GetStatus           Request = 40
 	SetDeviceStateFd    Request = 42
 	CheckDeviceState    Request = 43
+	GetShmemConfig      Request = 44
 )
 
 var requestNames = map[Request]string{
@@ -56,7 +57,7 @@ var requestNames = map[Request]string{
 	GetInflightFd: "GET_INFLIGHT_FD", SetInflightFd: "SET_INFLIGHT_FD", ResetDevice: "RESET_DEVICE",
 	GetMaxMemSlots: "GET_MAX_MEM_SLOTS", AddMemReg: "ADD_MEM_REG", RemMemReg: "REM_MEM_REG",
 	SetStatus: "SET_STATUS", GetStatus: "GET_STATUS", SetDeviceStateFd: "SET_DEVICE_STATE_FD",
-	CheckDeviceState: "CHECK_DEVICE_STATE",
+	CheckDeviceState: "CHECK_DEVICE_STATE", GetShmemConfig: "GET_SHMEM_CONFIG",
 }
 
 func (r Request) String() string {
@@ -71,7 +72,8 @@ func (r Request) String() string {
 func (r Request) HasReply() bool {
 	switch r {
 	case GetFeatures, GetProtocolFeatures, GetQueueNum, GetVringBase, GetConfig,
-		GetInflightFd, GetMaxMemSlots, GetStatus, SetLogBase, SetDeviceStateFd, CheckDeviceState:
+		GetInflightFd, GetMaxMemSlots, GetStatus, SetLogBase, SetDeviceStateFd, CheckDeviceState,
+		GetShmemConfig:
 		return true
 	}
 	return false
@@ -82,6 +84,11 @@ const (
 	BackendIOTLBMsg          Request = 1
 	BackendConfigChangeMsg   Request = 2
 	BackendVringHostNotifier Request = 3
+	// BackendShmemMap and BackendShmemUnmap map a file into a
+	// shared-memory region and remove such a mapping (QEMU 11.1,
+	// DESIGN §13): body ShmemMsg, one fd with MAP.
+	BackendShmemMap   Request = 9
+	BackendShmemUnmap Request = 10
 	// BackendFSIO is the bounce-through-the-VMM request of DESIGN §3.
 	BackendFSIO Request = 1003
 )
@@ -133,6 +140,7 @@ const (
 	PConfigureMemSlots = 15
 	PStatus            = 16
 	PDeviceState       = 19
+	PShmem             = 22 // shared-memory regions: GET_SHMEM_CONFIG, SHMEM_MAP/UNMAP
 )
 
 // Bit returns 1<<b, for building feature masks.
@@ -294,3 +302,39 @@ func (f FSIO) Bytes() []byte {
 	}
 	return b
 }
+
+// ShmemMsg is the body of BackendShmemMap and BackendShmemUnmap.
+type ShmemMsg struct {
+	ShmID                           uint8
+	FdOffset, ShmOffset, Len, Flags uint64
+}
+
+// ShmemMsgSize is the encoded size of ShmemMsg; ShmemWritable is its
+// flags bit for a writable mapping.
+const (
+	ShmemMsgSize  = 40
+	ShmemWritable = 1
+)
+
+// ParseShmemMsg decodes a SHMEM_MAP/UNMAP body.
+func ParseShmemMsg(b []byte) (ShmemMsg, error) {
+	if len(b) != ShmemMsgSize {
+		return ShmemMsg{}, fmt.Errorf("vmm: SHMEM body is %d bytes, want %d", len(b), ShmemMsgSize)
+	}
+	return ShmemMsg{ShmID: b[0], FdOffset: le.Uint64(b[8:]), ShmOffset: le.Uint64(b[16:]),
+		Len: le.Uint64(b[24:]), Flags: le.Uint64(b[32:])}, nil
+}
+
+// Bytes encodes the body.
+func (s ShmemMsg) Bytes() []byte {
+	b := make([]byte, 8, ShmemMsgSize)
+	b[0] = s.ShmID
+	for _, v := range []uint64{s.FdOffset, s.ShmOffset, s.Len, s.Flags} {
+		b = le.AppendUint64(b, v)
+	}
+	return b
+}
+
+// ShmemConfigSize is the size of GET_SHMEM_CONFIG's reply: u32 nregions,
+// u32 padding, u64 sizes[256].
+const ShmemConfigSize = 8 + 8*256
