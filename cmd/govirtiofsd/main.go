@@ -153,6 +153,7 @@ func run(o *Options, stdout io.Writer, sigs chan os.Signal) error {
 	if err != nil {
 		return err
 	}
+	fileSystem.SetWindow(backend.Window()) // nil without --cache-size
 	if h.metrics != nil {
 		serveMetrics(h.metrics, &metricsSource{server: server, backend: backend, fileSystem: fileSystem}, d.log)
 	}
@@ -512,6 +513,7 @@ func newFileSystem(o *Options, in *sandbox.Inside, log *slog.Logger) (*passthrou
 	// ACLs, labels and an xattr map imply --xattr, as in the Rust daemon.
 	acl, label := o.PosixACL != passthrough.NegotiateNever, o.SecurityLabel != passthrough.NegotiateNever
 	popts := passthrough.Options{
+		InodeDAX:          o.InodeDAX,
 		Cache:             cache,
 		Writeback:         o.Writeback,
 		Xattr:             o.Xattr || acl || label || o.XattrMap != "",
