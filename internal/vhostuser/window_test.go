@@ -431,8 +431,18 @@ func TestWindowMapRoundTrip(t *testing.T) {
 	checkMappings(t, w, d, nil)
 }
 
-// TestWindowBound: no more than 2 records per 2 MiB slot.
+// TestWindowBound: no more than 2 records per 2 MiB slot, and no more than
+// the memory slots leave beside RAM.
 func TestWindowBound(t *testing.T) {
+	for size, want := range map[uint64]int{2 << 20: 2, 64 << 20: 64, 256 << 20: 256, 512 << 20: maxMemSlots - maxTableRegions} {
+		b, err := NewBackend(Config{RequestQueues: 1, CacheSize: size, Handler: HandlerFunc(func(int) RequestHandler { return echoHandler{} })})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.window.max != want {
+			t.Errorf("window of %d MiB: bound %d, want %d", size>>20, b.window.max, want)
+		}
+	}
 	w, d := startWindow(t, func(d *vmm.Device) vmm.BackendHandler { return d.ServeWindow })
 	max := 2 * testWindow / (2 << 20)
 	for i := range max {
