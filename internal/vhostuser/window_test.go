@@ -828,3 +828,60 @@ func TestRingMemoryFaultSparesMessageLoop(t *testing.T) {
 		t.Errorf("no fault logged:\n%s", w.logs.String())
 	}
 }
+
+// TestWindowResetDuringMap: RESET_DEVICE and a new SET_BACKEND_REQ_FD,
+// which forget the window's records, complete at once while a map waits
+// for an answer (they never take what the waiting map holds), and the
+// map fails with EIO and records nothing.
+func TestWindowResetDuringMap(t *testing.T) {
+	for _, reset := range []string{"RESET_DEVICE", "SET_BACKEND_REQ_FD"} {
+		t.Run(reset, func(t *testing.T) {
+			got := make(chan *vmm.Message, 4)
+			w, d := startWindow(t, nil)
+			go func() {
+				for {
+					m, err := d.Backend.RecvTimeout(-1)
+					if err != nil {
+						return
+					}
+					m.CloseFds()
+					got <- m
+				}
+			}()
+			c, st := winSubmit(t, d, 1, mapReq(0, 0, 0, 2<<20))
+			select {
+			case <-got:
+			case <-time.After(5 * time.Second):
+				t.Fatal("no SHMEM_MAP sent")
+			}
+			start := time.Now()
+			var err error
+			if reset == "RESET_DEVICE" {
+				err = d.Conn.ResetDevice()
+			} else {
+				ours, theirs, perr := vmm.SocketPair()
+				if perr != nil {
+					t.Fatal(perr)
+				}
+				defer ours.Close()
+				err = d.Conn.SetBackendReqFd(int(theirs.Fd()))
+				theirs.Close()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if el := time.Since(start); el > 2*time.Second {
+				t.Errorf("%s took %v behind a waiting map", reset, el)
+			}
+			if _, err := c.Wait(5 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if e := winStatus(t, d, st); e != unix.EIO {
+				t.Errorf("map across %s: %v, want EIO", reset, e)
+			}
+			if n := len(w.b.Window().Mappings()); n != 0 {
+				t.Errorf("%d records after %s", n, reset)
+			}
+		})
+	}
+}
