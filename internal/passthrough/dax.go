@@ -264,8 +264,8 @@ func (f *FS) mapFile(m *mapping, fd int) (errno syscall.Errno, owned bool) {
 	}
 	if errno != 0 {
 		if m.tail != nil {
-			m.tail.fd = -1 // the caller closes fd
-			t.freeTail(m)
+			f.dropTail(m.ino, m.tail, false) // the caller closes fd
+			m.tail = nil
 		}
 		return errno, false
 	}
@@ -315,8 +315,7 @@ func (f *FS) newTail(i *inode, fd int, start, length uint64, writable bool) (*ta
 	errno := tl.refresh(start, length)
 	nt.mu.Unlock()
 	if errno != 0 {
-		tl.fd = -1 // the caller's
-		f.dropTail(i, tl)
+		f.dropTail(i, tl, false) // fd is the caller's
 		return nil, errno
 	}
 	return tl, 0
@@ -380,8 +379,9 @@ func (tl *tail) writeBack() syscall.Errno {
 	return 0
 }
 
-// dropTail detaches tl from i's tails and closes it.
-func (f *FS) dropTail(i *inode, tl *tail) {
+// dropTail detaches tl from i's tails and closes it, and its file fd with
+// closeFile.
+func (f *FS) dropTail(i *inode, tl *tail, closeFile bool) {
 	if nt := i.tails.Load(); nt != nil {
 		nt.mu.Lock()
 		for k, x := range nt.tails {
@@ -394,14 +394,16 @@ func (f *FS) dropTail(i *inode, tl *tail) {
 	}
 	unix.Munmap(tl.mem)
 	sysClose(tl.memfd)
-	sysClose(tl.fd)
+	if closeFile {
+		sysClose(tl.fd)
+	}
 	f.dax.fds.Add(-2)
 }
 
 // freeTail drops m's tail, if any. The caller holds t.mu.
 func (t *daxTable) freeTail(m *mapping) {
 	if m.tail != nil {
-		m.ino.fs.dropTail(m.ino, m.tail)
+		m.ino.fs.dropTail(m.ino, m.tail, true)
 		m.tail = nil
 	}
 }
