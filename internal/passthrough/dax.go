@@ -65,8 +65,9 @@ import (
 // Each tail keeps an fd of the file (O_RDONLY or O_RDWR, for the refreshes
 // and write-backs) and its memfd: at most two fds per live mapping, not
 // counted in the inode fd budget (Stats.MapFDs). A node's tails are found
-// from the inode (inode.tails, nil for every file never mapped: WRITE
-// without DAX pays one atomic load).
+// from the inode (inode.tails: without a window nil for every inode, and
+// WRITE pays one atomic load of a bool; with one, made at a file's first
+// change or mapping, and its mutex orders changes, copies and write-backs).
 
 // Window is the DAX window (internal/vhostuser's *Window): see
 // Options.Window.
@@ -305,12 +306,7 @@ func (f *FS) newTail(i *inode, fd int, start, length uint64, writable bool) (*ta
 	}
 	tl := &tail{fd: fd, memfd: memfd, mem: mem, start: start, writable: writable}
 	f.dax.fds.Add(2)
-	nt := i.tails.Load()
-	if nt == nil {
-		i.tails.CompareAndSwap(nil, &nodeTails{})
-		nt = i.tails.Load()
-	}
-	nt.mu.Lock()
+	nt := i.lockTails()
 	nt.tails = append(nt.tails, tl)
 	errno := tl.refresh(start, length)
 	nt.mu.Unlock()
@@ -518,26 +514,25 @@ func (f *FS) MapStats() (mappings, fds int) {
 
 // --- keeping tails fresh ---
 
-// lockTails returns i's tails locked, or nil when i was never mapped with
-// a tail (the caller then checks again after its change: tailsAfter).
+// lockTails returns i's tails locked, made if i has none yet. With a
+// window, every change of a file's data through a request (WRITE,
+// SETATTR size, FALLOCATE, COPY_FILE_RANGE) runs under it, so that a tail
+// being made (its copy taken under it) never misses one, and a write-back
+// never lands between a change and its refresh. Without a window nothing
+// calls it: inodes stay without.
 func (i *inode) lockTails() *nodeTails {
 	nt := i.tails.Load()
-	if nt != nil {
-		nt.mu.Lock()
+	if nt == nil {
+		i.tails.CompareAndSwap(nil, &nodeTails{})
+		nt = i.tails.Load()
 	}
+	nt.mu.Lock()
 	return nt
 }
 
 // tailsChanged refreshes i's tails over [off, off+n) after a change of the
-// file, and unlocks nt (lockTails' answer). With nt nil, a tail made while
-// the change ran (its copy may predate the change) is refreshed too.
+// file, and unlocks nt (lockTails' answer).
 func (i *inode) tailsChanged(nt *nodeTails, off, n uint64) {
-	if nt == nil {
-		if nt = i.tails.Load(); nt == nil {
-			return
-		}
-		nt.mu.Lock()
-	}
 	for _, tl := range nt.tails {
 		if errno := tl.refresh(off, n); errno != 0 {
 			i.fs.log.Warn("passthrough: DAX: refreshing a mapped tail failed", "node", i.id, "offset", tl.start, "err", errno)

@@ -562,8 +562,13 @@ func TestDAXConcurrent(t *testing.T) {
 	tf, w := daxFS(t, Options{})
 	node := tf.mkfile("f", pattern(5000, 1))
 	rw := tf.open(node, unix.O_RDWR)
+	other := tf.mkfile("g", pattern(7000, 2))
+	orw := tf.open(other, unix.O_RDWR)
+	if errno := tf.SetupMapping(hdr(other), noFH, 0, slot2M, rwMap, 5*slot2M); errno != 0 {
+		t.Fatal(errno)
+	}
 	var wg sync.WaitGroup
-	for g := range 4 {
+	for g := range 6 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -585,6 +590,12 @@ func TestDAXConcurrent(t *testing.T) {
 				case 3:
 					tf.Fsync(&gofuse.FsyncIn{InHeader: *hdr(node), Fh: rw})
 					tf.RemoveMapping(uint64(k%3)*slot2M, slot2M)
+				case 4, 5: // copies both ways between two mapped files
+					in := &gofuse.CopyFileRangeIn{InHeader: *hdr(node), FhIn: rw, OffIn: 100, NodeIdOut: other, FhOut: orw, OffOut: 4000, Len: 2000}
+					if g == 5 {
+						in = &gofuse.CopyFileRangeIn{InHeader: *hdr(other), FhIn: orw, OffIn: 100, NodeIdOut: node, FhOut: rw, OffOut: 4100, Len: 2000}
+					}
+					tf.CopyFileRange(in, math.MaxUint64)
 				}
 			}
 		}()
