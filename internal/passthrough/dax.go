@@ -105,6 +105,7 @@ type daxTable struct {
 	win Window
 	// slots[k] holds the mappings inside [k*2MiB, (k+1)*2MiB).
 	slots [][]*mapping
+	size  uint64       // the window's (set before any request, read without mu)
 	fds   atomic.Int64 // tails' fds (file and memfd)
 }
 
@@ -143,9 +144,10 @@ func (f *FS) SetWindow(w Window) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.win = w
-	t.slots = nil
+	t.slots, t.size = nil, 0
 	if w != nil && w.Size() > 0 {
-		t.slots = make([][]*mapping, (w.Size()+daxSlotSize-1)/daxSlotSize)
+		t.size = w.Size()
+		t.slots = make([][]*mapping, (t.size+daxSlotSize-1)/daxSlotSize)
 	}
 	t.on.Store(t.slots != nil)
 }
@@ -177,7 +179,7 @@ func (f *FS) SetupMapping(h *gofuse.InHeader, fh, foffset, length, flags, moffse
 	if !t.on.Load() {
 		return syscall.ENOSYS
 	}
-	size := uint64(len(t.slots)) * daxSlotSize
+	size := t.size
 	switch {
 	case flags&^3 != 0, length == 0, (moffset|length|foffset)%daxPage != 0,
 		moffset >= size, length > size-moffset, foffset > 1<<63-length:
@@ -465,7 +467,7 @@ func (f *FS) RemoveMapping(moffset, length uint64) syscall.Errno {
 	if !t.on.Load() {
 		return syscall.ENOSYS
 	}
-	size := uint64(len(t.slots)) * daxSlotSize
+	size := t.size
 	if length == 0 || (moffset|length)%daxPage != 0 || moffset >= size || length > size-moffset {
 		return syscall.EINVAL
 	}
