@@ -60,7 +60,14 @@ import (
 //   - The whole pages mapped from the file are the file: coherent both
 //     ways. A host truncation below a live mapping makes a guest access
 //     past the new end fault in the VMM (SIGBUS in QEMU): the daemon
-//     cannot prevent it.
+//     cannot prevent it. A guest truncation leaves them mapped too, but
+//     the guest does not touch its file past its own size.
+//
+// A SETUPMAPPING lies inside one 2 MiB slot (Linux maps exactly a slot)
+// and costs the window at most two mappings, so two memory regions of the
+// VMM: the file's part and the tail. The table of what is mapped has one
+// list per slot; replacing part of a slot unmaps every mapping of it that
+// the new one overlaps (whole), writing writable tails back first.
 //
 // Each tail keeps an fd of the file (O_RDONLY or O_RDWR, for the refreshes
 // and write-backs) and its memfd: at most two fds per live mapping, not
