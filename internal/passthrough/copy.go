@@ -51,13 +51,15 @@ func (f *FS) CopyFileRange(in *gofuse.CopyFileRangeIn, limit uint64) (uint64, sy
 	}
 	n := min(in.Len, limit, uint64(math.MaxInt64-max(offIn, offOut)))
 	if f.dax.on.Load() {
-		// The source's guest stores reach its file first; the bytes
+		// The source's guest stores reach its file first (before the
+		// destination's lock: one tails lock at a time); the bytes
 		// copied reach the destination's tails.
+		if hin.ino != hout.ino {
+			hin.ino.writeBackTails(hin.ino.tails.Load(), false)
+		}
 		nt := hout.ino.lockTails()
 		if hin.ino == hout.ino {
 			hin.ino.writeBackTails(nt, true)
-		} else {
-			hin.ino.writeBackTails(hin.ino.tails.Load(), false)
 		}
 		done, errno := copyRange(hin.fd, offIn, hout.fd, offOut, int64(n))
 		hout.ino.tailsChanged(nt, uint64(offOut), done)

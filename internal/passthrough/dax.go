@@ -60,13 +60,21 @@ import (
 //   - The whole pages mapped from the file are the file: coherent both
 //     ways. A host truncation below a live mapping makes a guest access
 //     past the new end fault in the VMM (SIGBUS in QEMU): the daemon
-//     cannot prevent it.
+//     cannot prevent it. A guest truncation leaves them mapped too, but
+//     the guest does not touch its file past its own size.
+//
+// A SETUPMAPPING lies inside one 2 MiB slot (Linux maps exactly a slot)
+// and costs the window at most two mappings, so two memory regions of the
+// VMM: the file's part and the tail. The table of what is mapped has one
+// list per slot; replacing part of a slot unmaps every mapping of it that
+// the new one overlaps (whole), writing writable tails back first.
 //
 // Each tail keeps an fd of the file (O_RDONLY or O_RDWR, for the refreshes
 // and write-backs) and its memfd: at most two fds per live mapping, not
 // counted in the inode fd budget (Stats.MapFDs). A node's tails are found
-// from the inode (inode.tails, nil for every file never mapped: WRITE
-// without DAX pays one atomic load).
+// from the inode (inode.tails: without a window nil for every inode, and
+// WRITE pays one atomic load of a bool; with one, made at a file's first
+// change or mapping, and its mutex orders changes, copies and write-backs).
 
 // Window is the DAX window (internal/vhostuser's *Window): see
 // Options.Window.
@@ -104,6 +112,7 @@ type daxTable struct {
 	win Window
 	// slots[k] holds the mappings inside [k*2MiB, (k+1)*2MiB).
 	slots [][]*mapping
+	size  uint64       // the window's (set before any request, read without mu)
 	fds   atomic.Int64 // tails' fds (file and memfd)
 }
 
@@ -142,9 +151,10 @@ func (f *FS) SetWindow(w Window) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.win = w
-	t.slots = nil
+	t.slots, t.size = nil, 0
 	if w != nil && w.Size() > 0 {
-		t.slots = make([][]*mapping, (w.Size()+daxSlotSize-1)/daxSlotSize)
+		t.size = w.Size()
+		t.slots = make([][]*mapping, (t.size+daxSlotSize-1)/daxSlotSize)
 	}
 	t.on.Store(t.slots != nil)
 }
@@ -176,7 +186,7 @@ func (f *FS) SetupMapping(h *gofuse.InHeader, fh, foffset, length, flags, moffse
 	if !t.on.Load() {
 		return syscall.ENOSYS
 	}
-	size := uint64(len(t.slots)) * daxSlotSize
+	size := t.size
 	switch {
 	case flags&^3 != 0, length == 0, (moffset|length|foffset)%daxPage != 0,
 		moffset >= size, length > size-moffset, foffset > 1<<63-length:
@@ -264,8 +274,8 @@ func (f *FS) mapFile(m *mapping, fd int) (errno syscall.Errno, owned bool) {
 	}
 	if errno != 0 {
 		if m.tail != nil {
-			m.tail.fd = -1 // the caller closes fd
-			t.freeTail(m)
+			f.dropTail(m.ino, m.tail, false) // the caller closes fd
+			m.tail = nil
 		}
 		return errno, false
 	}
@@ -305,18 +315,12 @@ func (f *FS) newTail(i *inode, fd int, start, length uint64, writable bool) (*ta
 	}
 	tl := &tail{fd: fd, memfd: memfd, mem: mem, start: start, writable: writable}
 	f.dax.fds.Add(2)
-	nt := i.tails.Load()
-	if nt == nil {
-		i.tails.CompareAndSwap(nil, &nodeTails{})
-		nt = i.tails.Load()
-	}
-	nt.mu.Lock()
+	nt := i.lockTails()
 	nt.tails = append(nt.tails, tl)
 	errno := tl.refresh(start, length)
 	nt.mu.Unlock()
 	if errno != 0 {
-		tl.fd = -1 // the caller's
-		f.dropTail(i, tl)
+		f.dropTail(i, tl, false) // fd is the caller's
 		return nil, errno
 	}
 	return tl, 0
@@ -380,8 +384,9 @@ func (tl *tail) writeBack() syscall.Errno {
 	return 0
 }
 
-// dropTail detaches tl from i's tails and closes it.
-func (f *FS) dropTail(i *inode, tl *tail) {
+// dropTail detaches tl from i's tails and closes it, and its file fd with
+// closeFile.
+func (f *FS) dropTail(i *inode, tl *tail, closeFile bool) {
 	if nt := i.tails.Load(); nt != nil {
 		nt.mu.Lock()
 		for k, x := range nt.tails {
@@ -394,14 +399,16 @@ func (f *FS) dropTail(i *inode, tl *tail) {
 	}
 	unix.Munmap(tl.mem)
 	sysClose(tl.memfd)
-	sysClose(tl.fd)
+	if closeFile {
+		sysClose(tl.fd)
+	}
 	f.dax.fds.Add(-2)
 }
 
 // freeTail drops m's tail, if any. The caller holds t.mu.
 func (t *daxTable) freeTail(m *mapping) {
 	if m.tail != nil {
-		m.ino.fs.dropTail(m.ino, m.tail)
+		m.ino.fs.dropTail(m.ino, m.tail, true)
 		m.tail = nil
 	}
 }
@@ -467,7 +474,7 @@ func (f *FS) RemoveMapping(moffset, length uint64) syscall.Errno {
 	if !t.on.Load() {
 		return syscall.ENOSYS
 	}
-	size := uint64(len(t.slots)) * daxSlotSize
+	size := t.size
 	if length == 0 || (moffset|length)%daxPage != 0 || moffset >= size || length > size-moffset {
 		return syscall.EINVAL
 	}
@@ -516,26 +523,25 @@ func (f *FS) MapStats() (mappings, fds int) {
 
 // --- keeping tails fresh ---
 
-// lockTails returns i's tails locked, or nil when i was never mapped with
-// a tail (the caller then checks again after its change: tailsAfter).
+// lockTails returns i's tails locked, made if i has none yet. With a
+// window, every change of a file's data through a request (WRITE,
+// SETATTR size, FALLOCATE, COPY_FILE_RANGE) runs under it, so that a tail
+// being made (its copy taken under it) never misses one, and a write-back
+// never lands between a change and its refresh. Without a window nothing
+// calls it: inodes stay without.
 func (i *inode) lockTails() *nodeTails {
 	nt := i.tails.Load()
-	if nt != nil {
-		nt.mu.Lock()
+	if nt == nil {
+		i.tails.CompareAndSwap(nil, &nodeTails{})
+		nt = i.tails.Load()
 	}
+	nt.mu.Lock()
 	return nt
 }
 
 // tailsChanged refreshes i's tails over [off, off+n) after a change of the
-// file, and unlocks nt (lockTails' answer). With nt nil, a tail made while
-// the change ran (its copy may predate the change) is refreshed too.
+// file, and unlocks nt (lockTails' answer).
 func (i *inode) tailsChanged(nt *nodeTails, off, n uint64) {
-	if nt == nil {
-		if nt = i.tails.Load(); nt == nil {
-			return
-		}
-		nt.mu.Lock()
-	}
 	for _, tl := range nt.tails {
 		if errno := tl.refresh(off, n); errno != 0 {
 			i.fs.log.Warn("passthrough: DAX: refreshing a mapped tail failed", "node", i.id, "offset", tl.start, "err", errno)

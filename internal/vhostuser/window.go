@@ -83,7 +83,7 @@ func CheckCacheSize(size uint64) error {
 type Window struct {
 	b      *Backend
 	size   uint64
-	max    int           // most live records: 2 per 2 MiB slot
+	max    int           // most live records (init)
 	usable atomic.Bool   // SHMEM, BACKEND_REQ and REPLY_ACK negotiated
 	wait   time.Duration // mapReplyWait; tests shorten it
 
@@ -102,7 +102,11 @@ func (m mapping) end() uint64 { return m.off + m.len }
 
 func (w *Window) init(b *Backend, size uint64) {
 	w.b, w.size, w.wait = b, size, mapReplyWait
-	w.max = int(2 * size / windowSlot)
+	// Every mapping becomes a memory region of the table: at most 2 per
+	// 2 MiB slot, and never more than the memory slots announced leave
+	// beside the RAM regions (a full SET_MEM_TABLE's worth), so that an
+	// ADD_MEM_REG of ours is never refused for want of a slot.
+	w.max = min(int(2*size/windowSlot), maxMemSlots-maxTableRegions)
 }
 
 // Window returns the DAX window, nil without one (Config.CacheSize 0).

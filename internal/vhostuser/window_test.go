@@ -431,8 +431,18 @@ func TestWindowMapRoundTrip(t *testing.T) {
 	checkMappings(t, w, d, nil)
 }
 
-// TestWindowBound: no more than 2 records per 2 MiB slot.
+// TestWindowBound: no more than 2 records per 2 MiB slot, and no more than
+// the memory slots leave beside RAM.
 func TestWindowBound(t *testing.T) {
+	for size, want := range map[uint64]int{2 << 20: 2, 64 << 20: 64, 256 << 20: 256, 512 << 20: maxMemSlots - maxTableRegions} {
+		b, err := NewBackend(Config{RequestQueues: 1, CacheSize: size, Handler: HandlerFunc(func(int) RequestHandler { return echoHandler{} })})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.window.max != want {
+			t.Errorf("window of %d MiB: bound %d, want %d", size>>20, b.window.max, want)
+		}
+	}
 	w, d := startWindow(t, func(d *vmm.Device) vmm.BackendHandler { return d.ServeWindow })
 	max := 2 * testWindow / (2 << 20)
 	for i := range max {
@@ -816,5 +826,62 @@ func TestRingMemoryFaultSparesMessageLoop(t *testing.T) {
 	}
 	if !strings.Contains(w.logs.String(), "fault on guest memory") {
 		t.Errorf("no fault logged:\n%s", w.logs.String())
+	}
+}
+
+// TestWindowResetDuringMap: RESET_DEVICE and a new SET_BACKEND_REQ_FD,
+// which forget the window's records, complete at once while a map waits
+// for an answer (they never take what the waiting map holds), and the
+// map fails with EIO and records nothing.
+func TestWindowResetDuringMap(t *testing.T) {
+	for _, reset := range []string{"RESET_DEVICE", "SET_BACKEND_REQ_FD"} {
+		t.Run(reset, func(t *testing.T) {
+			got := make(chan *vmm.Message, 4)
+			w, d := startWindow(t, nil)
+			go func() {
+				for {
+					m, err := d.Backend.RecvTimeout(-1)
+					if err != nil {
+						return
+					}
+					m.CloseFds()
+					got <- m
+				}
+			}()
+			c, st := winSubmit(t, d, 1, mapReq(0, 0, 0, 2<<20))
+			select {
+			case <-got:
+			case <-time.After(5 * time.Second):
+				t.Fatal("no SHMEM_MAP sent")
+			}
+			start := time.Now()
+			var err error
+			if reset == "RESET_DEVICE" {
+				err = d.Conn.ResetDevice()
+			} else {
+				ours, theirs, perr := vmm.SocketPair()
+				if perr != nil {
+					t.Fatal(perr)
+				}
+				defer ours.Close()
+				err = d.Conn.SetBackendReqFd(int(theirs.Fd()))
+				theirs.Close()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if el := time.Since(start); el > 2*time.Second {
+				t.Errorf("%s took %v behind a waiting map", reset, el)
+			}
+			if _, err := c.Wait(5 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if e := winStatus(t, d, st); e != unix.EIO {
+				t.Errorf("map across %s: %v, want EIO", reset, e)
+			}
+			if n := len(w.b.Window().Mappings()); n != 0 {
+				t.Errorf("%d records after %s", n, reset)
+			}
+		})
 	}
 }
