@@ -4,8 +4,6 @@
 // cmd wiring of SetWindow and --inode-dax): drop the build constraint when
 // the branches are merged. Verified on a trial merge (22:50 UTC).
 
-// (not the package's doc)
-
 package integration
 
 import (
