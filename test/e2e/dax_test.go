@@ -403,7 +403,10 @@ func (r *daxRun) check(t *testing.T) {
 	var counts strings.Builder
 	if r.kind == ourDaemon {
 		for _, mode := range r.modes {
-			sp := r.cuts.spans[mode]
+			sp, ok := r.cuts.spans["dax-"+mode]
+			if !ok || sp[1] <= sp[0] {
+				t.Errorf("%s: no daemon log span (the guest's dax-%s-begin/-end asks)", mode, mode)
+			}
 			c := daxLogCounts(t, r.e.d, sp[0], sp[1])
 			line := fmt.Sprintf("%s: FUSE SETUPMAPPING×%d (errors %d) REMOVEMAPPING×%d (errors %d) READ×%d WRITE×%d; vhost-user ADD_MEM_REG×%d REM_MEM_REG×%d SET_MEM_TABLE×%d; SHMEM_MAP lines %d, SHMEM_UNMAP lines %d",
 				mode, c.FUSE["SETUPMAPPING"], c.FUSEErr["SETUPMAPPING"], c.FUSE["REMOVEMAPPING"], c.FUSEErr["REMOVEMAPPING"],
