@@ -81,6 +81,7 @@ read_all() {
 }
 
 coherence() {
+	mount_dax 1 || return
 	map_open /mnt/c1
 	res open "$(sed -n 1p /tmp/map.out)"
 	# A host write seen in the guest's live mapping.
