@@ -90,6 +90,7 @@ func (b *Backend) setMemTable(m *Message) error {
 		return fmt.Errorf("set mem table: %w", err)
 	}
 	for _, r := range regions {
+		b.window.regionAdded(r.Size)
 		b.log.Debug("memory region", "gpa", fmt.Sprintf("%#x", r.GuestPhysAddr), "size", r.Size,
 			"uva", fmt.Sprintf("%#x", r.UserAddr), "mmap_offset", r.MmapOffset)
 	}
@@ -128,6 +129,7 @@ func (b *Backend) addMemReg(m *Message) error {
 		return fmt.Errorf("add mem reg: %w", err)
 	}
 	b.log.Debug("memory region added", "gpa", fmt.Sprintf("%#x", d.gpa), "size", d.size)
+	b.window.regionAdded(d.size)
 	return nil
 }
 

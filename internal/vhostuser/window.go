@@ -61,6 +61,9 @@ const (
 	// unmap (the VMM updates its memory table and our ack of it comes
 	// first): a VMM that never answers fails the request, not the ring.
 	mapReplyWait = 30 * time.Second
+	// mapRegionWait bounds how long a map answered 0 waits for the memory
+	// region of the mapping (regionAdded).
+	mapRegionWait = 2 * time.Second
 )
 
 // CheckCacheSize reports whether size is a valid window size: a power of
@@ -89,9 +92,19 @@ type Window struct {
 
 	ops sync.Mutex // one Map, Unmap or UnmapAll at a time; held across waits
 
-	mu   sync.Mutex // guards maps and gen; never held across a wait
+	mu   sync.Mutex // guards maps, gen and the region fields; never held across a wait
 	maps []mapping  // live mappings, sorted by offset, disjoint
 	gen  uint64     // bumped by forget: results of older requests are dropped
+
+	// Memory regions the front end added (ADD_MEM_REG, SET_MEM_TABLE):
+	// addSeq counts them, added holds the sizes of the last few, and
+	// addedCh is closed (and replaced) at each. Map waits for its region
+	// (regionWait).
+	addSeq  uint64
+	added   [8]uint64
+	addedCh chan struct{}
+	// regionWait bounds that wait (mapRegionWait; tests shorten it).
+	regionWait time.Duration
 }
 
 // mapping is the record of one SHMEM_MAP the VMM accepted (or that was
@@ -101,7 +114,8 @@ type mapping struct{ off, len uint64 }
 func (m mapping) end() uint64 { return m.off + m.len }
 
 func (w *Window) init(b *Backend, size uint64) {
-	w.b, w.size, w.wait = b, size, mapReplyWait
+	w.b, w.size, w.wait, w.regionWait = b, size, mapReplyWait, mapRegionWait
+	w.addedCh = make(chan struct{})
 	// Every mapping becomes a memory region of the table: at most 2 per
 	// 2 MiB slot, and never more than the memory slots announced leave
 	// beside the RAM regions (a full SET_MEM_TABLE's worth), so that an
@@ -177,6 +191,9 @@ func (w *Window) Map(fd int, fdOffset, winOffset, length uint64, writable bool) 
 	if writable {
 		flags = shmemMapWrite
 	}
+	w.mu.Lock()
+	seq := w.addSeq
+	w.mu.Unlock()
 	got, err := w.b.channel.call(backendReqShmemMap, shmemMsg(fdOffset, winOffset, length, flags), fd, w.wait)
 	switch {
 	case errors.Is(err, errNoChannel):
@@ -195,7 +212,58 @@ func (w *Window) Map(fd int, fdOffset, winOffset, length uint64, writable bool) 
 		return unix.EIO
 	}
 	w.record(mapping{winOffset, length}, gen)
+	w.awaitRegion(seq, length, winOffset)
 	return nil
+}
+
+// awaitRegion waits until the front end has added a memory region of
+// length bytes since addSeq was seq: QEMU 11.1 answers SHMEM_MAP before
+// it sends the ADD_MEM_REG of the mapping (seen on the wire), and a guest
+// that uses the mapping as soon as SETUPMAPPING is answered (an O_DIRECT
+// read into the DAX page) must find it in the memory table. Bounded, and
+// cut short by a ring stop; a region that does not come is logged (the
+// mapping works for the guest; only requests with buffers in it fail).
+func (w *Window) awaitRegion(seq, length, winOffset uint64) {
+	timer := time.NewTimer(w.regionWait)
+	defer timer.Stop()
+	for {
+		w.mu.Lock()
+		found := false
+		first := seq + 1
+		if n := uint64(len(w.added)); w.addSeq >= n && first <= w.addSeq-n {
+			first = w.addSeq - n + 1 // older ones are overwritten
+		}
+		for s := first; s <= w.addSeq; s++ {
+			if w.added[s%uint64(len(w.added))] == length {
+				found = true
+			}
+		}
+		ch := w.addedCh
+		w.mu.Unlock()
+		if found || w.b.channel.aborting.Load() > 0 {
+			return
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			w.b.log.Warn("DAX map: the VMM sent no memory region for it", "window_offset", winOffset, "len", length,
+				"waited", w.regionWait.String())
+			return
+		}
+	}
+}
+
+// regionAdded is told by the message loop of each memory region added.
+func (w *Window) regionAdded(size uint64) {
+	if w.size == 0 {
+		return
+	}
+	w.mu.Lock()
+	w.addSeq++
+	w.added[w.addSeq%uint64(len(w.added))] = size
+	close(w.addedCh)
+	w.addedCh = make(chan struct{})
+	w.mu.Unlock()
 }
 
 // Unmap removes every mapping lying inside [winOffset, winOffset+length)

@@ -135,6 +135,18 @@ func startWindow(t *testing.T, serve func(d *vmm.Device) vmm.BackendHandler) (*w
 // startWindowWait is startWindow with wait as the bound on a map's answer.
 func startWindowWait(t *testing.T, serve func(d *vmm.Device) vmm.BackendHandler, wait time.Duration) (*winBackend, *vmm.Device) {
 	t.Helper()
+	regionWait := mapRegionWait
+	if serve == nil {
+		// A VMM played by the test answers maps without memory regions.
+		regionWait = 50 * time.Millisecond
+	}
+	return startWindowRegion(t, serve, wait, regionWait)
+}
+
+// startWindowRegion is startWindowWait with regionWait as the bound on the
+// wait for a mapping's memory region.
+func startWindowRegion(t *testing.T, serve func(d *vmm.Device) vmm.BackendHandler, wait, regionWait time.Duration) (*winBackend, *vmm.Device) {
+	t.Helper()
 	w := &winBackend{hold: make(chan struct{}), holding: make(chan struct{}, 1), logs: &syncBuffer{}}
 	for i := range 2 {
 		f, err := os.Create(filepath.Join(t.TempDir(), "data"))
@@ -158,7 +170,7 @@ func startWindowWait(t *testing.T, serve func(d *vmm.Device) vmm.BackendHandler,
 		t.Fatal(err)
 	}
 	w.b = b
-	b.window.wait = wait
+	b.window.wait, b.window.regionWait = wait, regionWait
 	opts := vmm.DefaultOptions()
 	opts.Queues = 3
 	opts.Shmem = true
@@ -710,6 +722,7 @@ func FuzzWindowReplies(f *testing.F) {
 		}
 		b.window.wait = 20 * time.Millisecond
 		b.channel.staleWait = 20 * time.Millisecond
+		b.window.regionWait = time.Millisecond
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			t.Fatal(err)
@@ -883,5 +896,50 @@ func TestWindowResetDuringMap(t *testing.T) {
 				t.Errorf("%d records after %s", n, reset)
 			}
 		})
+	}
+}
+
+// TestWindowMapWaitsForRegion: QEMU 11.1 answers SHMEM_MAP before it sends
+// the mapping's ADD_MEM_REG; Map returns only once the region is in the
+// memory table (a guest may use the page at once). (A region that never
+// comes ends the wait after the bound: TestWindowHostileReplies.)
+func TestWindowMapWaitsForRegion(t *testing.T) {
+	const delay = 300 * time.Millisecond
+	w, d := startWindowRegion(t, nil, mapReplyWait, 5*time.Second)
+	var sent atomic.Int32
+	d.ServeBackend(func(m *vmm.Message) uint64 {
+		s, err := vmm.ParseShmemMsg(m.Payload)
+		if err != nil || m.Request != vmm.BackendShmemMap || len(m.Fds) != 1 {
+			return 1
+		}
+		fd, err := unix.FcntlInt(uintptr(m.Fds[0]), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			return 1
+		}
+		go func() { // the answer first, the region later
+			defer unix.Close(fd)
+			time.Sleep(delay)
+			r := vmm.MemRegion{GuestPhysAddr: d.Window.Base + s.ShmOffset, MemorySize: s.Len, UserAddr: 0x6000_0000_0000 + s.ShmOffset, MmapOffset: s.FdOffset}
+			sent.Add(1)
+			if err := d.Conn.AddMemReg(r, fd); err != nil {
+				sent.Add(100)
+			}
+		}()
+		return 0
+	})
+	start := time.Now()
+	if e := winCall(t, d, 1, mapReq(0, 0, 0, 2<<20)); e != 0 {
+		t.Fatal(e)
+	}
+	if el := time.Since(start); el < delay || sent.Load() != 1 {
+		t.Errorf("map returned after %v, before its region (sent %d)", el, sent.Load())
+	}
+	// The page is translated at once.
+	if e := winCall(t, d, 2, winReq{op: opFill, fdOffset: 0x3c}, vmm.Segment{Addr: d.Window.Base + 8192, Len: 4096, Write: true}); e != 0 {
+		t.Errorf("a buffer in the new mapping: %v", e)
+	}
+	got := make([]byte, 1)
+	if _, err := w.files[0].ReadAt(got, 8192); err != nil || got[0] != 0x3c {
+		t.Errorf("file byte %x (%v), want 3c", got, err)
 	}
 }
