@@ -16,23 +16,23 @@ import (
 // window (FUSE_SETUPMAPPING, FUSE_REMOVEMAPPING); the VMM maps the fds the
 // daemon gives it (Window, vhost-user SHMEM_MAP). The daemon opens the
 // node's file itself (the guest sends fh = -1 and, idmapped, no usable
-// uid): O_RDONLY, or O_RDWR for a writable mapping, which needs a handle
-// of the inode open for writing.
+// uid); a writable mapping needs a handle of the inode open for writing.
 //
-// Errnos of SetupMapping, beyond the server's checks (internal/fuse dax.go):
-//
-//	no window                                        ENOSYS
-//	unknown node                                     EBADF
-//	node not a regular file                          EINVAL
-//	fh not -1 and not an open file of that node      EBADF
-//	no handle of the inode open in the guest         EBADF
-//	WRITE without a handle open for writing          EACCES
-//	WRITE with --readonly                            EROFS
-//	range crossing a 2 MiB slot boundary             EINVAL
-//	the window's (Map): ENOSPC, EIO, ENODEV, EINVAL
-//
-// RemoveMapping: a mapping straddling the range's edge is EINVAL; a range
-// with no mapping is not an error.
+// Read mappings. QEMU 11.1.3 maps every fd of a SHMEM_MAP shared and
+// writable, whatever its flags say: an O_RDONLY fd fails there (EACCES,
+// the guest would get EIO), and through an O_RDWR fd a guest kernel could
+// store into a file it mapped to read. The daemon therefore maps the file
+// itself from an O_RDWR fd wherever OPEN would give the guest that fd
+// anyway (OPEN reopens the node with the daemon's credentials; the guest
+// kernel checks permissions, default_permissions), so such a store grants
+// no write the guest could not already make with WRITE. Where OPEN would
+// not (--readonly; a read-only host mount, an immutable file, a running
+// executable: the O_RDWR reopen fails), the whole range is a private copy,
+// made and kept fresh as a tail is (below): the guest reads the file's
+// bytes and its page cache does not grow, but a host write made after the
+// mapping is not seen until the slot is mapped again, and a store into it
+// stays in the copy. A WRITE mapping still needs a handle of the inode
+// open for writing (an honest guest asks for one only then).
 //
 // Files of every size. QEMU refuses a mapping that runs past the end of
 // the fd's file, so a request is split: the whole pages inside the file
@@ -219,34 +219,45 @@ func (f *FS) SetupMapping(h *gofuse.InHeader, fh, foffset, length, flags, moffse
 	case writable && i.writers.Load() <= 0:
 		return syscall.EACCES
 	}
-	fl := unix.O_RDONLY
-	if writable {
-		fl = unix.O_RDWR
+	// The VMM maps whatever fd it gets shared and writable (see "Read
+	// mappings" above): the file itself only where OPEN would let the
+	// guest write it.
+	fromFile := !f.opts.ReadOnly
+	fd := -1
+	if fromFile {
+		fd, errno = f.reopen(i, unix.O_RDWR)
+		if errno != 0 && !writable {
+			fromFile = false // e.g. ETXTBSY: a private copy will do
+		} else if errno != 0 {
+			return errno
+		}
 	}
-	fd, errno := f.reopen(i, fl)
-	if errno != 0 {
-		return errno
+	if !fromFile {
+		if fd, errno = f.reopen(i, unix.O_RDONLY); errno != 0 {
+			return errno
+		}
 	}
 	m := &mapping{moffset: moffset, length: length, foffset: foffset, writable: writable, ino: i.inode}
-	errno, owned := f.mapFile(m, fd)
+	errno, owned := f.mapFile(m, fd, fromFile)
 	if !owned {
 		sysClose(fd)
 	}
 	return errno
 }
 
-// mapFile maps m from fd (O_RDONLY or O_RDWR), through a tail for what lies
-// past the file's last whole page, and records it, replacing the mappings
-// of its slot it overlaps. owned: a tail took fd (on success with a tail;
-// m may be gone again by the time the caller looks).
-func (f *FS) mapFile(m *mapping, fd int) (errno syscall.Errno, owned bool) {
+// mapFile maps m from fd (O_RDWR with fromFile, else O_RDONLY), through a
+// tail for what lies past the file's last whole page, or all of it through
+// a tail without fromFile, and records it, replacing the mappings of its
+// slot it overlaps. owned: a tail took fd (on success with a tail; m may
+// be gone again by the time the caller looks).
+func (f *FS) mapFile(m *mapping, fd int, fromFile bool) (errno syscall.Errno, owned bool) {
 	var st syscall.Stat_t
 	if errno := sysFstat(fd, &st); errno != 0 {
 		return errno, false
 	}
 	whole := uint64(max(st.Size, 0)) &^ (daxPage - 1)
 	var fileLen uint64
-	if m.foffset < whole {
+	if fromFile && m.foffset < whole {
 		fileLen = min(m.length, whole-m.foffset)
 	}
 	if fileLen < m.length {

@@ -1,9 +1,11 @@
 package passthrough
 
 import (
+	"fmt"
 	"bytes"
 	"math"
 	"os"
+	"os/exec"
 	"strconv"
 	"sync"
 	"syscall"
@@ -83,10 +85,9 @@ func (w *fakeWindow) Map(fd int, fdOffset, winOffset, length uint64, writable bo
 			w.unmapLocked(o, m.length)
 		}
 	}
-	prot := unix.PROT_READ
-	if writable {
-		prot |= unix.PROT_WRITE
-	}
+	// As QEMU 11.1.3 does: shared and writable whatever writable says, so
+	// an O_RDONLY fd fails (EACCES).
+	prot := unix.PROT_READ | unix.PROT_WRITE
 	if err := w.mmapAt(winOffset, length, prot, unix.MAP_SHARED, fd, fdOffset); err != nil {
 		return err
 	}
@@ -189,12 +190,22 @@ func want(data []byte, foffset, length uint64) []byte {
 	return b
 }
 
+// TestDAXTailSizes: read mappings of files of every size: the file's whole
+// pages mapped from the file, the rest from a tail; on a --readonly share
+// all of it a private copy (the VMM maps any fd writable).
 func TestDAXTailSizes(t *testing.T) {
-	tf, w := daxFS(t, Options{})
+	for _, ro := range []bool{false, true} {
+		t.Run(fmt.Sprintf("readonly=%v", ro), func(t *testing.T) { testDAXTailSizes(t, ro) })
+	}
+}
+
+func testDAXTailSizes(t *testing.T, readonly bool) {
+	tf, w := daxFS(t, Options{ReadOnly: readonly})
+	openFlags := uint32(unix.O_RDONLY)
 	for _, size := range []int{0, 1, 4095, 4096, 4097, slot2M - 1, slot2M, slot2M + 1, 3*slot2M + 12345} {
 		data := pattern(size, byte(size))
 		node := tf.mkfile("f"+strconv.Itoa(size), data)
-		fh := tf.open(node, unix.O_RDONLY)
+		fh := tf.open(node, openFlags)
 		for k := uint64(0); k*slot2M < uint64(size)+slot2M; k++ {
 			moff := (k % (win16M / slot2M)) * slot2M
 			if errno := tf.SetupMapping(hdr(node), noFH, k*slot2M, slot2M, rdMap, moff); errno != 0 {
@@ -208,7 +219,7 @@ func TestDAXTailSizes(t *testing.T) {
 			live := w.live()
 			whole := uint64(size) &^ 4095
 			fileLen := uint64(0)
-			if k*slot2M < whole {
+			if !readonly && k*slot2M < whole {
 				fileLen = min(slot2M, whole-k*slot2M)
 			}
 			if fileLen > 0 && (live[moff].length != fileLen || live[moff].memfd) {
@@ -637,5 +648,39 @@ func TestDAXConcurrent(t *testing.T) {
 	}
 	if n, fds := tf.MapStats(); n != 1 || fds != 2 {
 		t.Fatalf("%d mappings, %d fds", n, fds)
+	}
+}
+
+// TestDAXCopyWhenNotWritable: a file the daemon cannot reopen for writing
+// (here a running executable: ETXTBSY) is mapped to read as a private
+// copy, never from an O_RDONLY fd the VMM would refuse; a WRITE mapping of
+// it fails as OPEN for writing would.
+func TestDAXCopyWhenNotWritable(t *testing.T) {
+	tf, w := daxFS(t, Options{})
+	exe, err := os.ReadFile("/bin/sleep")
+	if err != nil {
+		t.Skip(err)
+	}
+	node := tf.mkfile("busy", exe)
+	if err := os.Chmod(tf.path("busy"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(tf.path("busy"), "30")
+	if err := cmd.Start(); err != nil {
+		t.Skip(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	fh := tf.open(node, unix.O_RDONLY)
+	defer tf.release(node, fh)
+	if errno := tf.SetupMapping(hdr(node), noFH, 0, slot2M, rdMap, 0); errno != 0 {
+		t.Fatalf("read mapping of a running executable: %v", errno)
+	}
+	if got := w.guestView(0, slot2M); !bytes.Equal(got, want(exe, 0, slot2M)) {
+		t.Fatal("the guest sees other bytes")
+	}
+	for off, m := range w.live() {
+		if !m.memfd {
+			t.Fatalf("mapping at %#x is the file itself, want a private copy", off)
+		}
 	}
 }

@@ -41,6 +41,12 @@ func mapRegion(fd int, d memRegionDesc) (*virtqueue.Mapping, uint64, error) {
 		start = d.mmapOffset &^ (windowPage - 1)
 	}
 	data, err := unix.Mmap(fd, int64(start), int(end-start), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_NORESERVE)
+	if err == unix.EACCES {
+		// A file opened read-only: a read-only window mapping from a VMM
+		// that honours its flags. Reads into it fail with EFAULT (preadv)
+		// or a recovered fault (server goroutines), never the daemon.
+		data, err = unix.Mmap(fd, int64(start), int(end-start), unix.PROT_READ, unix.MAP_SHARED|unix.MAP_NORESERVE)
+	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("region at %#x: mmap %#x bytes at %#x: %w", d.gpa, end-start, start, err)
 	}

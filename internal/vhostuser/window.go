@@ -213,6 +213,7 @@ func (w *Window) Map(fd int, fdOffset, winOffset, length uint64, writable bool) 
 	}
 	w.record(mapping{winOffset, length}, gen)
 	w.awaitRegion(seq, length, winOffset)
+	w.b.log.Debug("DAX map", "window_offset", winOffset, "len", length, "fd_offset", fdOffset, "writable", writable)
 	return nil
 }
 
@@ -311,6 +312,9 @@ func (w *Window) UnmapAll() {
 	w.maps = nil
 	w.gen++
 	w.mu.Unlock()
+	if len(victims) > 0 {
+		w.b.log.Debug("DAX unmap all", "count", len(victims))
+	}
 	for _, v := range victims {
 		if !w.usable.Load() {
 			return
@@ -350,6 +354,7 @@ func (w *Window) unmapOne(v mapping, gen uint64) (refused bool, err error) {
 		w.b.log.Warn("DAX unmap refused by the VMM", "window_offset", v.off, "len", v.len, "answer", got)
 		return true, nil
 	}
+	w.b.log.Debug("DAX unmap", "window_offset", v.off, "len", v.len)
 	return false, nil
 }
 

@@ -1,9 +1,3 @@
-//go:build daxmerge
-
-// This test needs the dax-vu branch (test/vmm's window, daxOpts, the
-// cmd wiring of SetWindow and --inode-dax): drop the build constraint when
-// the branches are merged. Verified on a trial merge (22:50 UTC).
-
 package integration
 
 import (
