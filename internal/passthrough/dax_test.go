@@ -1,8 +1,8 @@
 package passthrough
 
 import (
-	"fmt"
 	"bytes"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
