@@ -33,9 +33,15 @@ import (
 //	count entries longer than what the request holds     EINVAL
 //	an entry failing the moffset/len checks above        EINVAL, no entry removed
 //
-// A REMOVEMAPPING is checked whole before the first entry reaches the file
-// system; then each entry is one RemoveMapping call, and the first error
-// is the answer (the entries before it are removed).
+// A REMOVEMAPPING is checked whole, then reaches the file system as one
+// RemoveMapping call with all its entries: the file system, too, refuses
+// the request whole (an entry that cuts through a mapping) or removes
+// every entry.
+
+// MapRange is one entry of a REMOVEMAPPING: a range of the window. The
+// same unnamed struct type as passthrough's, which does not import this
+// package.
+type MapRange = struct{ Moffset, Len uint64 }
 
 // Windowed is a FileSystem that offers a DAX window. The server asks at
 // each INIT (the window may be wired after the server was made): a size
@@ -112,24 +118,21 @@ func checkWindowRange(moffset, length, window uint64) syscall.Errno {
 
 // decodeRemoveMapping checks a REMOVEMAPPING's count against its bound and
 // against the entries the request holds (entries: the bytes after
-// fuse_removemapping_in), then every entry, and returns the count.
-func decodeRemoveMapping(count uint32, entries []byte, window uint64) (int, syscall.Errno) {
+// fuse_removemapping_in), then every entry, decoding them into ranges
+// (which has room for MaxRemoveMappings); it returns how many.
+func decodeRemoveMapping(count uint32, entries []byte, window uint64, ranges []MapRange) (int, syscall.Errno) {
 	if count == 0 || count > MaxRemoveMappings || uint64(count)*removeMappingOne > uint64(len(entries)) {
 		return 0, syscall.EINVAL
 	}
 	for k := range int(count) {
-		m, l := removeEntry(entries, k)
-		if errno := checkWindowRange(m, l, window); errno != 0 {
+		e := entries[k*removeMappingOne:]
+		r := MapRange{Moffset: binary.LittleEndian.Uint64(e), Len: binary.LittleEndian.Uint64(e[8:])}
+		if errno := checkWindowRange(r.Moffset, r.Len, window); errno != 0 {
 			return 0, errno
 		}
+		ranges[k] = r
 	}
 	return int(count), 0
-}
-
-// removeEntry returns entry k of a REMOVEMAPPING's entries.
-func removeEntry(entries []byte, k int) (moffset, length uint64) {
-	e := entries[k*removeMappingOne:]
-	return binary.LittleEndian.Uint64(e), binary.LittleEndian.Uint64(e[8:])
 }
 
 func (q *Queue) doSetupMapping(_, _ *bufvec.Vec) syscall.Errno {
@@ -152,17 +155,14 @@ func (q *Queue) doRemoveMapping(in, _ *bufvec.Vec) syscall.Errno {
 	if err := in.ReadFull(b); err != nil {
 		return argErr(err)
 	}
-	count2, errno := decodeRemoveMapping(count, b, q.sess.window)
+	if q.ranges == nil {
+		q.ranges = new([MaxRemoveMappings]MapRange) // once per queue, and only with DAX
+	}
+	n, errno := decodeRemoveMapping(count, b, q.sess.window, q.ranges[:])
 	if errno != 0 {
 		return errno
 	}
-	for k := range count2 {
-		m, l := removeEntry(b, k)
-		if errno := q.s.fs.RemoveMapping(m, l); errno != 0 {
-			return errno
-		}
-	}
-	return 0
+	return q.s.fs.RemoveMapping(q.ranges[:n])
 }
 
 // windowSize asks the file system for its window's size (0: none).

@@ -2,6 +2,7 @@ package fuse
 
 import (
 	"encoding/binary"
+	"slices"
 	"syscall"
 	"testing"
 
@@ -109,9 +110,15 @@ func TestDecodeRemoveMapping(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			b := removeArgs(tc.count, tc.entries...)[4:]
 			b = b[:len(b)-tc.cut]
-			n, errno := decodeRemoveMapping(tc.count, b, testWindow)
+			var ranges [MaxRemoveMappings]MapRange
+			n, errno := decodeRemoveMapping(tc.count, b, testWindow, ranges[:])
 			if errno != tc.want || errno == 0 && n != int(tc.count) {
 				t.Fatalf("got %d, %v; want %v", n, errno, tc.want)
+			}
+			for k := range n {
+				if r := ranges[k]; r.Moffset != tc.entries[2*k] || r.Len != tc.entries[2*k+1] {
+					t.Fatalf("entry %d: %+v, want %v", k, r, tc.entries[2*k:2*k+2])
+				}
 			}
 		})
 	}
@@ -193,7 +200,7 @@ func TestDAXServe(t *testing.T) {
 		{name: "setup bad flags", window: testWindow, op: OpSetupMapping, args: setupArgs(0, 0, two, 8, 0), want: syscall.EINVAL},
 		{name: "setup unaligned foffset", window: testWindow, op: OpSetupMapping, args: setupArgs(0, 100, two, rd, 0), want: syscall.EINVAL},
 		{name: "remove", window: testWindow, op: OpRemoveMapping, args: removeArgs(2, 0, two, two, two),
-			calls: [][]uint64{{0, two}, {two, two}}},
+			calls: [][]uint64{{0, two, two, two}}},
 		{name: "remove no window", op: OpRemoveMapping, args: removeArgs(1, 0, two), want: syscall.ENOSYS},
 		{name: "remove count 0", window: testWindow, op: OpRemoveMapping, args: removeArgs(0, 0, two), want: syscall.EINVAL},
 		{name: "remove count past", window: testWindow, op: OpRemoveMapping, args: removeArgs(3, 0, two, two, two), want: syscall.EINVAL},
@@ -229,17 +236,17 @@ func TestDAXServe(t *testing.T) {
 	}
 }
 
-// TestDAXRemoveStopsAtError: the file system's error on an entry is the
-// answer, and the entries after it are not removed.
-func TestDAXRemoveStopsAtError(t *testing.T) {
+// TestDAXRemoveOneCall: a REMOVEMAPPING reaches the file system as one
+// call with all its entries, and the file system's answer is the reply.
+func TestDAXRemoveOneCall(t *testing.T) {
 	fs, q, _ := daxSession(t, testWindow, kernelInitFlags, kernelInitFlags2)
 	fs.errno = syscall.EINVAL
 	r := serve(t, q, mkreq(OpRemoveMapping, 9, removeArgs(2, 0, 4096, 8192, 4096), nil, nil), 0, 64, 0)
 	if errnoOf(r) != -int32(syscall.EINVAL) {
 		t.Fatalf("reply % x", r)
 	}
-	if len(fs.calls) != 1 {
-		t.Fatalf("calls %+v", fs.calls)
+	if c := fs.lastCalls(); len(c) != 1 || !slices.Equal(c[0].Args, []uint64{0, 4096, 8192, 4096}) {
+		t.Fatalf("calls %+v", c)
 	}
 }
 
@@ -284,13 +291,14 @@ func FuzzRemoveMapping(f *testing.F) {
 			return
 		}
 		count := binary.LittleEndian.Uint32(b)
-		n, errno := decodeRemoveMapping(count, b[4:], window)
+		var ranges [MaxRemoveMappings]MapRange
+		n, errno := decodeRemoveMapping(count, b[4:], window, ranges[:])
 		if errno == 0 {
 			if n < 1 || n > MaxRemoveMappings || n*removeMappingOne > len(b)-4 {
 				t.Fatalf("accepted count %d of %d bytes", n, len(b))
 			}
-			for k := range n {
-				m, l := removeEntry(b[4:], k)
+			for k, r := range ranges[:n] {
+				m, l := r.Moffset, r.Len
 				if l == 0 || l%4096 != 0 || m%4096 != 0 || m+l < m || m+l > window {
 					t.Fatalf("entry %d: %d, %d", k, m, l)
 				}
@@ -304,9 +312,12 @@ func FuzzRemoveMapping(f *testing.F) {
 		serve(t, q, initReq(1, 7, 45, kernelInitFlags, kernelInitFlags2, 64), 0, 80, 0)
 		fs.calls = nil
 		serve(t, q, mkreq(OpRemoveMapping, 2, b, nil, nil), 0, 64, 0)
-		want, _ := decodeRemoveMapping(count, b[4:], fs.window)
-		if len(fs.calls) != want {
-			t.Fatalf("%d calls, want %d", len(fs.calls), want)
+		want, _ := decodeRemoveMapping(count, b[4:], fs.window, ranges[:])
+		switch c := fs.lastCalls(); {
+		case want == 0 && len(c) != 0:
+			t.Fatalf("calls %+v for a refused request", c)
+		case want > 0 && (len(c) != 1 || len(c[0].Args) != 2*want):
+			t.Fatalf("calls %+v, want one of %d entries", c, want)
 		}
 	})
 }

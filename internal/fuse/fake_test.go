@@ -303,8 +303,12 @@ func (f *fakeFS) SetLk(in *gofuse.LkIn, wait bool) syscall.Errno {
 func (f *fakeFS) SetupMapping(h *gofuse.InHeader, fh, foffset, length, flags, moffset uint64) syscall.Errno {
 	return f.record("SetupMapping", *h, nil, fh, foffset, length, flags, moffset)
 }
-func (f *fakeFS) RemoveMapping(moffset, length uint64) syscall.Errno {
-	return f.record("RemoveMapping", nil, nil, moffset, length)
+func (f *fakeFS) RemoveMapping(ranges []MapRange) syscall.Errno {
+	args := make([]uint64, 0, 2*len(ranges))
+	for _, r := range ranges {
+		args = append(args, r.Moffset, r.Len)
+	}
+	return f.record("RemoveMapping", nil, nil, args...)
 }
 func (f *fakeFS) WindowSize() uint64 { return f.window }
 

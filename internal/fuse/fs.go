@@ -127,12 +127,14 @@ type FileSystem interface {
 	// into the DAX window at moffset (SETUPMAPPING; flags
 	// SetupMappingRead|SetupMappingWrite); fh is the guest's handle, or
 	// ^0 (Linux sends -1). RemoveMapping removes the mappings lying in
-	// [moffset, moffset+length) (one call per REMOVEMAPPING entry). The
+	// each of ranges (a REMOVEMAPPING's entries), all of them or, when one
+	// cannot be (it cuts through a mapping), none; it must not keep
+	// ranges, the server's scratch. The
 	// server calls them only in a session with a window (Windowed), with
 	// values already checked against it (dax.go); without one they may
 	// answer ENOSYS.
 	SetupMapping(h *gofuse.InHeader, fh, foffset, length, flags, moffset uint64) syscall.Errno
-	RemoveMapping(moffset, length uint64) syscall.Errno
+	RemoveMapping(ranges []MapRange) syscall.Errno
 }
 
 // NoGroup is (gid_t)-1, never a valid group: a FUSE_EXT_GROUPS naming it

@@ -136,6 +136,8 @@ type Queue struct {
 	secSeen bool
 	secBody SecCtx
 	secBuf  []byte
+	// ranges are a REMOVEMAPPING's entries, decoded (dax.go).
+	ranges *[MaxRemoveMappings]MapRange
 
 	// rbuf is the out header, then a fixed reply's payload, which the file
 	// system fills in place as a go-fuse struct: [0]uint64 aligns it.

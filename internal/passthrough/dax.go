@@ -270,7 +270,7 @@ func (f *FS) mapFile(m *mapping, fd int, fromFile bool) (errno syscall.Errno, ow
 	t := &f.dax
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	errno = t.evict(m.moffset, m.length, false)
+	errno = t.evict(m.moffset, m.length)
 	if errno == 0 && len(t.slots[m.moffset/daxSlotSize]) >= maxSlotMappings {
 		errno = syscall.ENOSPC
 	}
@@ -424,46 +424,51 @@ func (t *daxTable) freeTail(m *mapping) {
 	}
 }
 
-// evict removes the recorded mappings overlapping [moffset, moffset+length)
-// (inside one slot, or spanning several with exact: then a mapping
-// straddling the range's edge is EINVAL and nothing is removed), writing
-// their writable tails back first, and asks the window to unmap them. The
-// caller holds t.mu.
-func (t *daxTable) evict(moffset, length uint64, exact bool) syscall.Errno {
+// cuts reports whether a recorded mapping straddles an edge of
+// [moffset, moffset+length): such a range cannot be removed without
+// leaving half a mapping. The caller holds t.mu.
+func (t *daxTable) cuts(moffset, length uint64) bool {
 	end := moffset + length
-	first, last := moffset/daxSlotSize, (end-1)/daxSlotSize
-	if exact {
-		for k := first; k <= last; k++ {
-			for _, m := range t.slots[k] {
-				if m.moffset < end && moffset < m.moffset+m.length &&
-					(m.moffset < moffset || m.moffset+m.length > end) {
-					return syscall.EINVAL
-				}
+	for k := moffset / daxSlotSize; k <= (end-1)/daxSlotSize; k++ {
+		for _, m := range t.slots[k] {
+			if m.moffset < end && moffset < m.moffset+m.length &&
+				(m.moffset < moffset || m.moffset+m.length > end) {
+				return true
 			}
 		}
 	}
-	for k := first; k <= last; k++ {
+	return false
+}
+
+// evict removes the recorded mappings overlapping [moffset, moffset+length)
+// (whole: the caller checked cuts, or replaces them), writing their
+// writable tails back first, and asks the window to unmap them; a mapping
+// the window fails to unmap stays recorded and its error is the answer.
+// The caller holds t.mu.
+func (t *daxTable) evict(moffset, length uint64) syscall.Errno {
+	end := moffset + length
+	var first syscall.Errno
+	for k := moffset / daxSlotSize; k <= (end-1)/daxSlotSize; k++ {
 		kept := t.slots[k][:0]
-		var errno syscall.Errno
 		for _, m := range t.slots[k] {
-			if errno != 0 || m.moffset >= end || moffset >= m.moffset+m.length {
+			if m.moffset >= end || moffset >= m.moffset+m.length {
 				kept = append(kept, m)
 				continue
 			}
 			m.ino.writeBackTail(m.tail)
-			if errno = winErrno(t.win.Unmap(m.moffset, m.length)); errno != 0 {
+			if errno := winErrno(t.win.Unmap(m.moffset, m.length)); errno != 0 {
 				kept = append(kept, m)
+				if first == 0 {
+					first = errno
+				}
 				continue
 			}
 			t.freeTail(m)
 		}
 		clear(t.slots[k][len(kept):])
 		t.slots[k] = kept
-		if errno != 0 {
-			return errno
-		}
 	}
-	return 0
+	return first
 }
 
 // writeBackTail writes tl back (nil: nothing) under i's tails.mu.
@@ -479,24 +484,46 @@ func (i *inode) writeBackTail(tl *tail) {
 	nt.mu.Unlock()
 }
 
-// RemoveMapping removes the mappings inside [moffset, moffset+length).
-func (f *FS) RemoveMapping(moffset, length uint64) syscall.Errno {
+// MapRange is a range of the window, one entry of a REMOVEMAPPING. The
+// same unnamed struct type as internal/fuse.MapRange.
+type MapRange = struct{ Moffset, Len uint64 }
+
+// RemoveMapping removes the mappings inside each of ranges: all of them,
+// or none when a range is not one of the window's or cuts through a
+// mapping (EINVAL). Linux counts the ranges free whatever the answer, so
+// a window that fails to unmap one does not stop the others: the first
+// such error is the answer.
+func (f *FS) RemoveMapping(ranges []MapRange) syscall.Errno {
 	t := &f.dax
 	if !t.on.Load() {
 		return syscall.ENOSYS
 	}
 	size := t.size
-	if length == 0 || (moffset|length)%daxPage != 0 || moffset >= size || length > size-moffset {
-		return syscall.EINVAL
+	for _, r := range ranges {
+		if r.Len == 0 || (r.Moffset|r.Len)%daxPage != 0 || r.Moffset >= size || r.Len > size-r.Moffset {
+			return syscall.EINVAL
+		}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if errno := t.evict(moffset, length, true); errno != 0 {
-		return errno
+	for _, r := range ranges {
+		if t.cuts(r.Moffset, r.Len) {
+			return syscall.EINVAL
+		}
 	}
-	// Whatever the window holds there that the table does not (nothing,
-	// unless a Map failed half way).
-	return winErrno(t.win.Unmap(moffset, length))
+	var first syscall.Errno
+	for _, r := range ranges {
+		errno := t.evict(r.Moffset, r.Len)
+		// Whatever the window holds there that the table does not
+		// (nothing, unless a Map failed half way).
+		if errno == 0 {
+			errno = winErrno(t.win.Unmap(r.Moffset, r.Len))
+		}
+		if first == 0 {
+			first = errno
+		}
+	}
+	return first
 }
 
 // resetDAX forgets every mapping, writing writable tails back, and asks the

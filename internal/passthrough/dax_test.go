@@ -23,13 +23,15 @@ import (
 type fakeWindow struct {
 	t    *testing.T
 	size uint64
-	mem  []byte // the win16M, PROT_READ|PROT_WRITE anonymous where unmapped
+	mem  []byte // the window, PROT_READ|PROT_WRITE anonymous where unmapped
 
 	mu       sync.Mutex
-	maps     map[uint64]fakeMap // by win16M offset
+	maps     map[uint64]fakeMap // by window offset
 	mapCalls int
 	unmapAll int
 	failMap  error // Map's answer when set
+	// failUnmap is Unmap's answer for a range starting at that offset.
+	failUnmap map[uint64]error
 }
 
 type fakeMap struct {
@@ -106,6 +108,9 @@ func (w *fakeWindow) unmapLocked(off, length uint64) {
 func (w *fakeWindow) Unmap(winOffset, length uint64) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if err := w.failUnmap[winOffset]; err != nil {
+		return err
+	}
 	end := winOffset + length
 	for o, m := range w.maps {
 		if o < end && winOffset < o+m.length && (o < winOffset || o+m.length > end) {
@@ -147,7 +152,7 @@ const (
 	rwMap  = 3
 )
 
-// daxFS is a test file system with a fake win16M of 16 MiB and a session
+// daxFS is a test file system with a fake window of 16 MiB and a session
 // that negotiated HAS_INODE_DAX.
 func daxFS(t *testing.T, opts Options) (*testFS, *fakeWindow) {
 	w := newFakeWindow(t, win16M)
@@ -175,7 +180,7 @@ func (tf *testFS) mkfile(name string, data []byte) uint64 {
 	return tf.lookup(rootID, name).NodeId
 }
 
-// guestView is what the guest reads at [moffset, moffset+n) of the win16M.
+// guestView is what the guest reads at [moffset, moffset+n) of the window.
 func (w *fakeWindow) guestView(moffset, n uint64) []byte {
 	return append([]byte(nil), w.mem[moffset:moffset+n]...)
 }
@@ -209,10 +214,10 @@ func testDAXTailSizes(t *testing.T, readonly bool) {
 		for k := uint64(0); k*slot2M < uint64(size)+slot2M; k++ {
 			moff := (k % (win16M / slot2M)) * slot2M
 			if errno := tf.SetupMapping(hdr(node), noFH, k*slot2M, slot2M, rdMap, moff); errno != 0 {
-				t.Fatalf("size %d slot2M %d: %v", size, k, errno)
+				t.Fatalf("size %d slot %d: %v", size, k, errno)
 			}
 			if got := w.guestView(moff, slot2M); !bytes.Equal(got, want(data, k*slot2M, slot2M)) {
-				t.Fatalf("size %d slot2M %d: the guest sees other bytes", size, k)
+				t.Fatalf("size %d slot %d: the guest sees other bytes", size, k)
 			}
 			// The file part is mapped from the file, the rest from a
 			// memfd: at most two mappings, the file's first.
@@ -223,10 +228,10 @@ func testDAXTailSizes(t *testing.T, readonly bool) {
 				fileLen = min(slot2M, whole-k*slot2M)
 			}
 			if fileLen > 0 && (live[moff].length != fileLen || live[moff].memfd) {
-				t.Fatalf("size %d slot2M %d: file part %+v, want %d", size, k, live[moff], fileLen)
+				t.Fatalf("size %d slot %d: file part %+v, want %d", size, k, live[moff], fileLen)
 			}
 			if fileLen < slot2M && (!live[moff+fileLen].memfd || live[moff+fileLen].length != slot2M-fileLen) {
-				t.Fatalf("size %d slot2M %d: tail %+v", size, k, live[moff+fileLen])
+				t.Fatalf("size %d slot %d: tail %+v", size, k, live[moff+fileLen])
 			}
 		}
 		tf.release(node, fh)
@@ -250,47 +255,62 @@ func TestDAXMapUnmapReplace(t *testing.T) {
 		t.Fatal(errno)
 	}
 	if !bytes.Equal(w.guestView(0, slot2M), a[slot2M:2*slot2M]) {
-		t.Fatal("a's slot2M 1")
+		t.Fatal("a's slot 1")
 	}
 	// Replacing the slot2M with b's.
 	if errno := tf.SetupMapping(hdr(nb), noFH, 2*slot2M, slot2M, rdMap, 0); errno != 0 {
 		t.Fatal(errno)
 	}
 	if !bytes.Equal(w.guestView(0, slot2M), b[2*slot2M:]) {
-		t.Fatal("b's slot2M 2")
+		t.Fatal("b's slot 2")
 	}
 	if n, _ := tf.MapStats(); n != 1 {
 		t.Fatalf("%d mappings after a replacement", n)
 	}
-	// Two page mappings in one slot2M, then one over both.
+	// Two page mappings in one slot, then one over both.
 	if errno := tf.SetupMapping(hdr(na), noFH, 0, 4096, rdMap, slot2M); errno != 0 {
 		t.Fatal(errno)
 	}
 	if errno := tf.SetupMapping(hdr(na), noFH, 8192, 4096, rdMap, slot2M+8192); errno != 0 {
 		t.Fatal(errno)
 	}
-	// Removing a range that cuts a mapping: EINVAL, nothing removed.
-	if errno := tf.RemoveMapping(slot2M+8192, 8192*2); errno != 0 {
-		t.Fatalf("remove around the second page: %v", errno)
-	}
-	if errno := tf.RemoveMapping(0, 4096); errno != syscall.EINVAL {
+	// A REMOVEMAPPING whose second range cuts a mapping: EINVAL, and
+	// nothing removed, not even the first range's.
+	if errno := tf.RemoveMapping([]MapRange{{slot2M + 8192, 8192 * 2}, {0, 4096}}); errno != syscall.EINVAL {
 		t.Fatalf("remove cutting a 2 MiB mapping: %v", errno)
+	}
+	if n, _ := tf.MapStats(); n != 3 || len(w.live()) != 3 {
+		t.Fatalf("%d mappings, %d live after a refused remove", n, len(w.live()))
+	}
+	if errno := tf.RemoveMapping([]MapRange{{slot2M + 8192, 8192 * 2}}); errno != 0 {
+		t.Fatalf("remove around the second page: %v", errno)
 	}
 	if n, _ := tf.MapStats(); n != 2 {
 		t.Fatalf("%d mappings", n)
 	}
+	// The window fails to unmap the first range: the second is removed
+	// all the same (Linux counts both free), the first stays recorded,
+	// and the window's error is the answer.
+	w.failUnmap = map[uint64]error{0: unix.EIO}
+	if errno := tf.RemoveMapping([]MapRange{{0, slot2M}, {slot2M, slot2M}}); errno != syscall.EIO {
+		t.Fatalf("remove with a failing unmap: %v", errno)
+	}
+	w.failUnmap = nil
+	if n, _ := tf.MapStats(); n != 1 || len(w.live()) != 1 {
+		t.Fatalf("%d mappings, %d live after a failed unmap", n, len(w.live()))
+	}
 	// A range with nothing mapped.
-	if errno := tf.RemoveMapping(4*slot2M, slot2M); errno != 0 {
+	if errno := tf.RemoveMapping([]MapRange{{4 * slot2M, slot2M}}); errno != 0 {
 		t.Fatal(errno)
 	}
-	if errno := tf.RemoveMapping(0, 2*slot2M); errno != 0 {
+	if errno := tf.RemoveMapping([]MapRange{{0, 2 * slot2M}}); errno != 0 {
 		t.Fatal(errno)
 	}
 	if n, _ := tf.MapStats(); n != 0 || len(w.live()) != 0 {
 		t.Fatalf("%d mappings, %v live", n, w.live())
 	}
 	if bytes.Count(w.guestView(0, slot2M), []byte{0}) != slot2M {
-		t.Fatal("the win16M still shows a file")
+		t.Fatal("the window still shows a file")
 	}
 	// The win16M's refusal is the answer, and nothing is recorded.
 	w.failMap = unix.ENOSPC
@@ -410,7 +430,7 @@ func TestDAXWritableTail(t *testing.T) {
 			case "release":
 				tf.release(node, fh)
 			case "remove":
-				if errno := tf.RemoveMapping(slot2M, slot2M); errno != 0 {
+				if errno := tf.RemoveMapping([]MapRange{{slot2M, slot2M}}); errno != 0 {
 					t.Fatal(errno)
 				}
 			case "replace":
@@ -480,10 +500,10 @@ func TestDAXPermissions(t *testing.T) {
 	check("write without a writable handle", hdr(node), noFH, rwMap, syscall.EACCES)
 	check("bad flags", hdr(node), noFH, 4, syscall.EINVAL)
 	if errno := tf.SetupMapping(hdr(node), noFH, 0, slot2M, rdMap, slot2M-4096); errno != syscall.EINVAL {
-		t.Fatalf("crossing a slot2M: %v", errno)
+		t.Fatalf("crossing a slot: %v", errno)
 	}
 	if errno := tf.SetupMapping(hdr(node), noFH, 0, slot2M, rdMap, win16M); errno != syscall.EINVAL {
-		t.Fatalf("past the win16M: %v", errno)
+		t.Fatalf("past the window: %v", errno)
 	}
 	rw := tf.open(node, unix.O_WRONLY)
 	check("write with a writable handle", hdr(node), noFH, rwMap, 0)
@@ -506,13 +526,13 @@ func TestDAXPermissions(t *testing.T) {
 	}
 	rof.release(n, rfh)
 
-	// No win16M: ENOSYS.
+	// No window: ENOSYS.
 	nw := newTestFS(t, Options{})
 	n = nw.mkfile("f", nil)
 	if errno := nw.SetupMapping(hdr(n), noFH, 0, slot2M, rdMap, 0); errno != syscall.ENOSYS {
 		t.Fatal(errno)
 	}
-	if errno := nw.RemoveMapping(0, slot2M); errno != syscall.ENOSYS || nw.WindowSize() != 0 {
+	if errno := nw.RemoveMapping([]MapRange{{0, slot2M}}); errno != syscall.ENOSYS || nw.WindowSize() != 0 {
 		t.Fatal(errno)
 	}
 }
@@ -620,7 +640,7 @@ func TestDAXConcurrent(t *testing.T) {
 					tf.SetupMapping(hdr(node), noFH, 0, slot2M, flags, uint64(k%3)*slot2M)
 				case 3:
 					tf.Fsync(&gofuse.FsyncIn{InHeader: *hdr(node), Fh: rw})
-					tf.RemoveMapping(uint64(k%3)*slot2M, slot2M)
+					tf.RemoveMapping([]MapRange{{uint64(k%3) * slot2M, slot2M}})
 				case 4, 5: // copies both ways between two mapped files
 					in := &gofuse.CopyFileRangeIn{InHeader: *hdr(node), FhIn: rw, OffIn: 100, NodeIdOut: other, FhOut: orw, OffOut: 4000, Len: 2000}
 					if g == 5 {
