@@ -93,7 +93,19 @@ func (f *FS) Create(in *gofuse.CreateIn, groups []uint32, sec *SecCtx, name []by
 	fl := f.hostOpenFlags(in.Flags)
 	var cn cname
 	p := cn.set(name)
-	fd, errno := f.openAsCaller(in, groups, dir.fd, p, fl|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW)
+	fd, errno := -1, errNoTmpfile
+	if sec != nil {
+		fd, errno = f.createLabelled(in, groups, sec, dir.fd, p, fl)
+	}
+	if errno == errNoTmpfile {
+		fd, errno = f.openAsCaller(in, groups, dir.fd, p, fl|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW)
+		if errno == 0 && sec != nil {
+			if errno = f.labelFD(fd, sec); errno != 0 {
+				sysClose(fd)
+				sysUnlinkat(dir.fd, p, 0)
+			}
+		}
+	}
 	if errno == syscall.EEXIST && in.Flags&unix.O_EXCL == 0 {
 		// Not created here: it keeps its label.
 		return f.createOpenExisting(dir, name, fl, in.OpenFlags, out)
@@ -101,14 +113,54 @@ func (f *FS) Create(in *gofuse.CreateIn, groups []uint32, sec *SecCtx, name []by
 	if errno != 0 {
 		return errno
 	}
-	if sec != nil {
-		if errno := f.labelFD(fd, sec); errno != 0 {
-			sysClose(fd)
-			sysUnlinkat(dir.fd, p, 0)
-			return errno
-		}
-	}
 	return f.finishCreate(fd, fl, dir, name, out)
+}
+
+// errNoTmpfile is createLabelled's answer where the file system makes no
+// O_TMPFILE (EOPNOTSUPP; EISDIR from a kernel that does not know it).
+const errNoTmpfile = syscall.Errno(^uintptr(0) - 1)
+
+// createLabelled creates name in dirfd as in's caller with its label sec
+// already set, and opens it with host flags fl: an O_TMPFILE made as the
+// caller, labelled while it has no name, then linked under name (EEXIST
+// if it exists). No one, on the host or in the guest, ever sees name
+// unlabelled, and a failed labelling leaves nothing behind. The link is
+// the daemon's, as LINK's is: the O_TMPFILE already needed the caller's
+// write access to the directory.
+func (f *FS) createLabelled(in *gofuse.CreateIn, groups []uint32, sec *SecCtx, dirfd int, p *byte, fl int) (int, syscall.Errno) {
+	tfl := fl&^(unix.O_ACCMODE|unix.O_TRUNC) | unix.O_RDWR | unix.O_TMPFILE // no O_EXCL: it must be linkable
+	fd, errno := f.openAsCaller(in, groups, dirfd, &dotPath[0], tfl)
+	switch errno {
+	case 0:
+	case syscall.EOPNOTSUPP, syscall.EISDIR:
+		return -1, errNoTmpfile
+	default:
+		return -1, errno
+	}
+	var b fdName
+	tmp := procName(&b, fd)
+	if errno = f.labelFD(fd, sec); errno == 0 {
+		errno = sysLinkat(f.procSelfFD, tmp, dirfd, p, unix.AT_SYMLINK_FOLLOW)
+	}
+	if errno == 0 && fl&unix.O_ACCMODE != unix.O_RDWR {
+		// O_TMPFILE needs write access; the handle gets the guest's.
+		var rfd int
+		rfd, errno = f.withFDs(true, func() (int, syscall.Errno) {
+			return sysOpenat(f.procSelfFD, tmp, fl|unix.O_CLOEXEC, 0)
+		})
+		if errno != 0 {
+			sysUnlinkat(dirfd, p, 0)
+		}
+		sysClose(fd)
+		fd = rfd
+	}
+	if errno != 0 {
+		if fd >= 0 {
+			sysClose(fd) // unnamed: it goes with its last fd
+		}
+		return -1, errno
+	}
+	return fd, 0
 }
 
 // createOpenExisting handles CREATE of a name that exists: look it up, then

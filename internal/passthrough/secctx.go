@@ -14,17 +14,23 @@ type SecCtx = struct {
 	Name, Value []byte
 }
 
-// How a new object gets the guest's label, as the Rust virtiofsd 1.14
-// does it (it has no /proc/thread-self/attr/fscreate path): created as the
-// caller, then labelled by the daemon under the name --xattrmap maps the
-// guest's to, before the reply; if labelling fails the object is removed
-// and the creation fails with that error. So another host process could
-// see the object unlabelled for that moment; the guest never does, nor
-// does it see an unlabelled object after a failure. An O_TMPFILE has no
-// name until the guest links it: it is labelled before anyone can reach
-// it. Writing security.* needs CAP_SYS_ADMIN unless an LSM that owns the
-// name (SELinux for security.selinux) allows it: without, labelling fails
-// with EPERM.
+// How a new object gets the guest's label, under the name --xattrmap maps
+// the guest's to, before the reply; if labelling fails the creation fails
+// with that error and leaves nothing behind.
+//   - A regular file (CREATE) is an O_TMPFILE made as the caller, labelled
+//     while it has no name, then linked under its name (createLabelled): no
+//     one ever sees the name unlabelled. Where the file system has no
+//     O_TMPFILE, it is made as a directory is.
+//   - A TMPFILE is labelled before the guest can link it.
+//   - A directory, symlink or special file is created as the caller, then
+//     labelled by the daemon, and removed if that fails, as the Rust
+//     virtiofsd 1.14 does for every creation (it has no
+//     /proc/thread-self/attr/fscreate path, which needs SELinux on the
+//     host): another host process could see it unlabelled for that moment;
+//     the guest never does.
+// Writing security.* needs CAP_SYS_ADMIN unless an LSM that owns the name
+// (SELinux for security.selinux) allows it: without, labelling fails with
+// EPERM.
 
 // secCtxName maps the context's name for the host into cn: as SETXATTR
 // would (xattrName: --xattrmap, refused names).

@@ -1,10 +1,13 @@
 package passthrough
 
 import (
+	"bytes"
 	"errors"
 	"os"
+	"slices"
 	"syscall"
 	"testing"
+	"unsafe"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
@@ -216,5 +219,87 @@ func TestACLsNotNegotiated(t *testing.T) {
 	in = &gofuse.SetXAttrIn{InHeader: *hdr(e.NodeId)}
 	if errno := tf.SetXAttr(in, []byte("system.posix_acl_access"), acl); errno != 0 {
 		t.Fatalf("ACL set with POSIX_ACL negotiated: %v", errno)
+	}
+}
+
+// TestSecCtxCreateAtomic: a labelled CREATE never shows its name without
+// the label. inotify on the directory sees one IN_CREATE per created file,
+// and at that moment the label is already there; a labelling that fails
+// shows no name at all (no IN_CREATE, no IN_DELETE). The handle has the
+// guest's access mode although O_TMPFILE needed write access, and an
+// existing name is EEXIST with O_EXCL.
+func TestSecCtxCreateAtomic(t *testing.T) {
+	tf := newTestFS(t, Options{Xattr: true, SecurityLabel: true, XattrMap: ":bad:all:security.forbidden:: :ok:all:::"})
+	needSecurityXattrs(t, tf.dir)
+	in, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(in)
+	if _, err := unix.InotifyAddWatch(in, tf.dir, unix.IN_CREATE|unix.IN_DELETE|unix.IN_MOVED_TO); err != nil {
+		t.Fatal(err)
+	}
+	const label = "u:r:t:s0\x00"
+	sec := &SecCtx{Name: []byte("security.govirtiofsd"), Value: []byte(label)}
+	var co gofuse.CreateOut
+	for _, tc := range []struct {
+		name  string
+		flags uint32
+		acc   int
+	}{
+		{"r", syscall.O_RDONLY, unix.O_RDONLY},
+		{"w", syscall.O_WRONLY, unix.O_WRONLY},
+		{"rw", syscall.O_RDWR | syscall.O_EXCL, unix.O_RDWR},
+	} {
+		if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdr(rootID), Flags: tc.flags, Mode: 0o640}, noGroup, sec, []byte(tc.name), &co); errno != 0 {
+			t.Fatalf("%s: %v", tc.name, errno)
+		}
+		// The event is read after the CREATE returned; the label must
+		// have been on the name since it appeared: check it now, and
+		// that the name appeared once (one IN_CREATE, no rename).
+		h, errno := tf.getHandle(co.Fh, handleFile)
+		if errno != 0 {
+			t.Fatal(errno)
+		}
+		fl, err := unix.FcntlInt(uintptr(h.fd), unix.F_GETFL, 0)
+		h.put()
+		if err != nil || fl&unix.O_ACCMODE != tc.acc {
+			t.Errorf("%s: handle flags %#o, %v", tc.name, fl, err)
+		}
+		tf.release(co.NodeId, co.Fh)
+		if got, err := hostXattr(t, tf.path(tc.name), "security.govirtiofsd"); err != nil || got != label {
+			t.Errorf("%s: label %q, %v", tc.name, got, err)
+		}
+	}
+	if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdr(rootID), Flags: syscall.O_RDWR | syscall.O_EXCL, Mode: 0o640}, noGroup, sec, []byte("rw"), &co); errno != syscall.EEXIST {
+		t.Fatalf("O_EXCL over an existing name: %v", errno)
+	}
+	bad := &SecCtx{Name: []byte("security.forbidden"), Value: []byte("x")}
+	if errno := tf.Create(&gofuse.CreateIn{InHeader: *hdr(rootID), Flags: syscall.O_RDWR, Mode: 0o640}, noGroup, bad, []byte("bad"), &co); errno == 0 {
+		t.Fatal("a refused label created a file")
+	}
+	var got []string
+	buf := make([]byte, 4096)
+	unix.SetNonblock(in, true)
+	for {
+		n, err := unix.Read(in, buf)
+		if err != nil || n <= 0 {
+			break
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			name := string(bytes.TrimRight(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+int(ev.Len)], "\x00"))
+			kind := "create"
+			if ev.Mask&unix.IN_DELETE != 0 {
+				kind = "delete"
+			} else if ev.Mask&unix.IN_MOVED_TO != 0 {
+				kind = "moved"
+			}
+			got = append(got, kind+" "+name)
+			off += unix.SizeofInotifyEvent + int(ev.Len)
+		}
+	}
+	if want := []string{"create r", "create w", "create rw"}; !slices.Equal(got, want) {
+		t.Fatalf("inotify saw %q, want %q", got, want)
 	}
 }
