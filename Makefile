@@ -193,7 +193,8 @@ bench-scale: test-deps build
 # The DAX rows (TestBenchGuestDAX; BENCHGUEST_WORKLOADS=dax runs only them,
 # BENCHGUEST_DAX_CONFIGS=ours-dax,ours-auto,rust114-auto,ref-auto a subset):
 # a Linux 7.x guest under QEMU 11, ours with a 64 MiB window (dax=always)
-# against ours, Rust 1.14 and C at cache auto without DAX.
+# against ours, Rust 1.14 and C at cache auto without DAX, BENCHGUEST_ROUNDS
+# rounds: medians [min-max] and the ratio of ours-dax to the best other per round.
 # Under TCG the guest is the bottleneck: figures, not targets.
 BENCHGUEST_RUNTIME ?= 5
 BENCHGUEST_ROUNDS ?= 2
