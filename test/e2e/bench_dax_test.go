@@ -104,18 +104,8 @@ func TestBenchGuestDAX(t *testing.T) {
 		}
 		cfgs = keep
 	}
-	runtime := 5
-	if n, err := strconv.Atoi(os.Getenv("GOVIRTIOFSD_BENCH_RUNTIME")); err == nil && n > 0 {
-		runtime = n
-	}
-	rounds := 1
-	if s := os.Getenv("GOVIRTIOFSD_BENCH_ROUNDS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			t.Fatalf("GOVIRTIOFSD_BENCH_ROUNDS=%q: want a count", s)
-		}
-		rounds = n
-	}
+	runtime := benchCount(t, "GOVIRTIOFSD_BENCH_RUNTIME", 5)
+	rounds := benchCount(t, "GOVIRTIOFSD_BENCH_ROUNDS", 1)
 	const window = 64 << 20
 	shared := t.TempDir()
 	writeRandomFile(t, filepath.Join(shared, "half"), window/2)

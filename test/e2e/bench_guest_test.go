@@ -160,6 +160,21 @@ type benchSample struct {
 // many cores busy are marked in the table.
 const benchOtherLoad = 0.3
 
+// benchCount is the positive count the environment variable name gives,
+// def when it is unset.
+func benchCount(t *testing.T, name string, def int) int {
+	t.Helper()
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive count", name, s)
+	}
+	return n
+}
+
 // TestBenchGuest (make bench-guest; GOVIRTIOFSD_E2E_BENCH=1, root) measures
 // fio from a TCG guest (Linux 6.12, 2 vCPUs, QEMU 10 for every
 // configuration) against our daemon (default settings; also with 2 request
@@ -198,22 +213,8 @@ func TestBenchGuest(t *testing.T) {
 	}
 	requireRoot(t)
 	requireReference(t)
-	runtime := 5
-	if s := os.Getenv("GOVIRTIOFSD_BENCH_RUNTIME"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			t.Fatalf("GOVIRTIOFSD_BENCH_RUNTIME=%q: want seconds", s)
-		}
-		runtime = n
-	}
-	rounds := 2
-	if s := os.Getenv("GOVIRTIOFSD_BENCH_ROUNDS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 {
-			t.Fatalf("GOVIRTIOFSD_BENCH_ROUNDS=%q: want a count", s)
-		}
-		rounds = n
-	}
+	runtime := benchCount(t, "GOVIRTIOFSD_BENCH_RUNTIME", 5)
+	rounds := benchCount(t, "GOVIRTIOFSD_BENCH_ROUNDS", 2)
 	size := "64M"
 	if s := os.Getenv("GOVIRTIOFSD_BENCH_SIZE"); s != "" {
 		size = s
