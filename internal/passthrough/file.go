@@ -139,28 +139,29 @@ func (f *FS) createLabelled(in *gofuse.CreateIn, groups []uint32, sec *SecCtx, d
 	}
 	var b fdName
 	tmp := procName(&b, fd)
-	if errno = f.labelFD(fd, sec); errno == 0 {
-		errno = sysLinkat(f.procSelfFD, tmp, dirfd, p, unix.AT_SYMLINK_FOLLOW)
-	}
+	hfd := fd // the handle's fd
+	errno = f.labelFD(fd, sec)
 	if errno == 0 && fl&unix.O_ACCMODE != unix.O_RDWR {
-		// O_TMPFILE needs write access; the handle gets the guest's.
-		var rfd int
-		rfd, errno = f.withFDs(true, func() (int, syscall.Errno) {
+		// O_TMPFILE needs write access; the handle gets the guest's,
+		// reopened before the link so that nothing has to be undone
+		// once the name exists.
+		hfd, errno = f.withFDs(true, func() (int, syscall.Errno) {
 			return sysOpenat(f.procSelfFD, tmp, fl|unix.O_CLOEXEC, 0)
 		})
-		if errno != 0 {
-			sysUnlinkat(dirfd, p, 0)
-		}
-		sysClose(fd)
-		fd = rfd
+	}
+	if errno == 0 {
+		errno = sysLinkat(f.procSelfFD, tmp, dirfd, p, unix.AT_SYMLINK_FOLLOW)
+	}
+	if hfd != fd {
+		sysClose(fd) // the handle has its own fd (or its reopen failed)
 	}
 	if errno != 0 {
-		if fd >= 0 {
-			sysClose(fd) // unnamed: it goes with its last fd
+		if hfd >= 0 {
+			sysClose(hfd) // unnamed: the file goes with its last fd
 		}
 		return -1, errno
 	}
-	return fd, 0
+	return hfd, 0
 }
 
 // createOpenExisting handles CREATE of a name that exists: look it up, then
