@@ -47,8 +47,8 @@ import (
 //     COPY_FILE_RANGE into the file copy the changed bytes into the memfd,
 //     which the VMM maps shared, so the guest sees them at once. What the
 //     host (or another guest) writes to that last partial page and beyond
-//     after the mapping was made is not seen by the guest until the slot
-//     is mapped again.
+//     after the mapping was made is copied in when inotify reports it
+//     (daxwatch.go), shortly after.
 //   - A writable tail takes the guest's stores into the memfd; the daemon
 //     writes the bytes [tail start, min(file size, mapping end)) back to
 //     the file on FSYNC, FLUSH and RELEASE of the node, REMOVEMAPPING or
@@ -114,6 +114,9 @@ type daxTable struct {
 	slots [][]*mapping
 	size  uint64       // the window's (set before any request, read without mu)
 	fds   atomic.Int64 // tails' fds (file and memfd)
+	// watch follows host writes under read tails (daxwatch.go); nil
+	// without a window or without inotify. Set before any request.
+	watch *tailWatch
 }
 
 // mapping is one SETUPMAPPING the window holds.
@@ -155,6 +158,9 @@ func (f *FS) SetWindow(w Window) {
 	if w != nil && w.Size() > 0 {
 		t.size = w.Size()
 		t.slots = make([][]*mapping, (t.size+daxSlotSize-1)/daxSlotSize)
+		if t.watch == nil {
+			t.watch = f.startTailWatch()
+		}
 	}
 	t.on.Store(t.slots != nil)
 }
@@ -326,6 +332,9 @@ func (f *FS) newTail(i *inode, fd int, start, length uint64, writable bool) (*ta
 	}
 	tl := &tail{fd: fd, memfd: memfd, mem: mem, start: start, writable: writable}
 	f.dax.fds.Add(2)
+	if !writable {
+		f.dax.watch.add(i, tl) // before the copy: no host write after it is missed
+	}
 	nt := i.lockTails()
 	nt.tails = append(nt.tails, tl)
 	errno := tl.refresh(start, length)
@@ -398,6 +407,7 @@ func (tl *tail) writeBack() syscall.Errno {
 // dropTail detaches tl from i's tails and closes it, and its file fd with
 // closeFile.
 func (f *FS) dropTail(i *inode, tl *tail, closeFile bool) {
+	f.dax.watch.remove(tl)
 	if nt := i.tails.Load(); nt != nil {
 		nt.mu.Lock()
 		for k, x := range nt.tails {

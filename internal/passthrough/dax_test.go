@@ -10,6 +10,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
 	gofuse "github.com/hanwen/go-fuse/v2/fuse"
@@ -323,6 +324,88 @@ func TestDAXMapUnmapReplace(t *testing.T) {
 	}
 	tf.release(na, fa)
 	tf.release(nb, fb)
+}
+
+// TestDAXTailHostWrite: a read tail, and a private copy on a read-only
+// share, follow what a host process writes to the file (inotify,
+// daxwatch.go): the guest's view equals the host file shortly after each
+// write, append and truncation; the watch goes with the last mapping.
+func TestDAXTailHostWrite(t *testing.T) {
+	for _, ro := range []bool{false, true} {
+		t.Run(map[bool]string{false: "tail", true: "readonly copy"}[ro], func(t *testing.T) {
+			tf, w := daxFS(t, Options{ReadOnly: ro})
+			if tf.dax.watch == nil {
+				t.Skip("no inotify here")
+			}
+			data := pattern(slot2M+100, 4)
+			node := tf.mkfile("f", data)
+			fh := tf.open(node, unix.O_RDONLY)
+			if errno := tf.SetupMapping(hdr(node), noFH, slot2M, slot2M, rdMap, 0); errno != 0 {
+				t.Fatal(errno)
+			}
+			if errno := tf.SetupMapping(hdr(node), noFH, 0, slot2M, rdMap, slot2M); errno != 0 {
+				t.Fatal(errno)
+			}
+			hf, err := os.OpenFile(tf.path("f"), os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer hf.Close()
+			// seen waits until the guest's view of both slots equals the
+			// host file (a wait for an event, not a timing target).
+			seen := func(what string) {
+				t.Helper()
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					host, err := os.ReadFile(tf.path("f"))
+					if err != nil {
+						t.Fatal(err)
+					}
+					a, b := w.guestView(0, slot2M), w.guestView(slot2M, slot2M)
+					if bytes.Equal(a, want(host, slot2M, slot2M)) && bytes.Equal(b, want(host, 0, slot2M)) {
+						return
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("%s: the guest's view still differs from the host file", what)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			seen("mapped")
+			if _, err := hf.WriteAt([]byte("HOST"), slot2M+10); err != nil {
+				t.Fatal(err)
+			}
+			seen("host write in the last partial page")
+			if _, err := hf.WriteAt(pattern(9000, 7), slot2M+100); err != nil {
+				t.Fatal(err)
+			}
+			seen("host append")
+			if _, err := hf.WriteAt([]byte("FRONT"), 100); err != nil {
+				t.Fatal(err)
+			}
+			seen("host write in a whole page")
+			if err := hf.Truncate(slot2M + 5); err != nil {
+				t.Fatal(err)
+			}
+			seen("host truncate")
+			tf.dax.watch.mu.Lock()
+			n := len(tf.dax.watch.byTL)
+			tf.dax.watch.mu.Unlock()
+			if n == 0 {
+				t.Fatal("no tail watched")
+			}
+			if errno := tf.RemoveMapping([]MapRange{{0, 2 * slot2M}}); errno != 0 {
+				t.Fatal(errno)
+			}
+			tf.dax.watch.mu.Lock()
+			n, nwd := len(tf.dax.watch.byTL), len(tf.dax.watch.byWD)
+			tf.dax.watch.mu.Unlock()
+			if n != 0 || nwd != 0 {
+				t.Fatalf("%d tails, %d watches left after REMOVEMAPPING", n, nwd)
+			}
+			tf.release(node, fh)
+		})
+	}
 }
 
 // TestDAXTailFresh: a read tail follows WRITE (extending), truncation,

@@ -281,6 +281,7 @@ func (f *FS) Close() error {
 	f.naming.Wait()
 	f.stopCollecting(true)
 	f.resetDAX(false)
+	f.dax.watch.stop()
 	f.reset()
 	f.creds.stop()
 	f.closeOnce.Do(func() {

@@ -66,8 +66,10 @@ var allowlist = [...]string{
 	"getxattr", "fgetxattr", "lgetxattr", "setxattr", "fsetxattr", "lsetxattr",
 	"listxattr", "flistxattr", "llistxattr", "removexattr", "fremovexattr", "lremovexattr",
 	// DAX (--cache-size): the memfd copies of mapped files' tails
-	// (passthrough dax.go; pread64, pwrite64, ftruncate, mmap are above).
-	"memfd_create",
+	// (passthrough dax.go; pread64, pwrite64, ftruncate, mmap are above),
+	// and the inotify watch that refreshes them after host writes
+	// (daxwatch.go).
+	"memfd_create", "inotify_init1", "inotify_add_watch", "inotify_rm_watch",
 	// Per-request credentials on the passthrough's locked threads; each
 	// of those threads has a private fs_struct (umask, cwd).
 	"setfsuid", "setfsgid", "umask", "fchdir",

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -95,6 +96,25 @@ func TestDAXMapFilesOfEverySize(t *testing.T) {
 	}
 	if m := dev.Window.Mappings(); len(m) != 0 {
 		t.Fatalf("mappings left after REMOVEMAPPING: %+v", m)
+	}
+	// A host write to a read-mapped small file (all of it in the tail, a
+	// copy) reaches the window shortly after: the daemon follows it with
+	// inotify, in its sandbox.
+	small := c.lookup(vmm.RootID, "f1") // 1 byte
+	c.open(small.NodeID, syscall.O_RDONLY)
+	if err := setup(small.NodeID, ^uint64(0), 0, daxSlot, 2, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d.dir, "f1"), []byte("written on the host"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); string(dev.Window.Host()[:19]) != "written on the host"; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the window still shows %q after a host write", dev.Window.Host()[:19])
+		}
+	}
+	if err := remove(0, daxSlot); err != nil {
+		t.Fatal(err)
 	}
 	// A writable mapping of a small file: a store in the window's tail
 	// reaches the file at FSYNC.
