@@ -510,6 +510,7 @@ func daxMmapShare(t *testing.T) (string, map[string]string) {
 	}
 	for name, data := range map[string][]byte{
 		"c1":  []byte(strings.Repeat("a", 8192)),
+		"c2":  []byte(strings.Repeat("b", 5000)), // its second page is a tail
 		"t1":  []byte(strings.Repeat("t", 8192)),
 		"u1":  []byte(strings.Repeat("u", 8192)),
 		"hu1": []byte(strings.Repeat("h", 8192)),
@@ -576,6 +577,16 @@ func daxMmapCoherence(t *testing.T, k guestKernel) {
 				t.Errorf("host write of c1: %v", err)
 			}
 			return "written"
+		case "host-write-c2":
+			f, err := os.OpenFile(filepath.Join(shared, "c2"), os.O_WRONLY, 0)
+			if err == nil {
+				_, err = f.WriteAt([]byte("HOSTTAIL"), 4200)
+				f.Close()
+			}
+			if err != nil {
+				t.Errorf("host write of c2: %v", err)
+			}
+			return "written"
 		case "host-read-c1-nosync", "host-read-c1-sync":
 			return "host-saw:" + hostReadAt(c1, 200, 10)
 		case "host-unlink-hu1":
@@ -610,22 +621,23 @@ func daxMmapCoherence(t *testing.T, k guestKernel) {
 	_ = os.WriteFile(filepath.Join(e.dir, "dax-mmap.txt"), []byte(b.String()), 0o644)
 
 	want := map[string]func(string) bool{
-		"host-write-seen":   func(s string) bool { return strings.HasPrefix(s, "seen") },
-		"guest-store":       func(s string) bool { return s == "ok" },
-		"msync":             func(s string) bool { return s == "ok" },
-		"host-read-sync":    func(s string) bool { return s == "host-saw:GUESTSTORE" },
-		"gtrunc.ftrunc":     func(s string) bool { return s == "ok" },
-		"gtrunc.read-below": func(s string) bool { return s == "r:tttt" },
-		"gtrunc.read-past":  func(s string) bool { return s == "SIGBUS" },
-		"gtrunc.size":       func(s string) bool { return s == "4096" },
-		"gunlink.rm":        func(s string) bool { return s == "ok" },
-		"gunlink.read":      func(s string) bool { return s == "r:uuuu" },
-		"gunlink.store":     func(s string) bool { return s == "ok" },
-		"gunlink.reread":    func(s string) bool { return s == "r:UNLK" },
-		"hunlink.read":      func(s string) bool { return s == "r:hhhh" },
-		"c1.mount1":         func(s string) bool { return s == "HOSTWROTE" },
-		"c1.mount2":         func(s string) bool { return s == "GUESTSTORE" },
-		"c1.mount3":         func(s string) bool { return s == "HOSTWROTE" },
+		"host-write-seen":      func(s string) bool { return strings.HasPrefix(s, "seen") },
+		"tail.host-write-seen": func(s string) bool { return strings.HasPrefix(s, "seen") },
+		"guest-store":          func(s string) bool { return s == "ok" },
+		"msync":                func(s string) bool { return s == "ok" },
+		"host-read-sync":       func(s string) bool { return s == "host-saw:GUESTSTORE" },
+		"gtrunc.ftrunc":        func(s string) bool { return s == "ok" },
+		"gtrunc.read-below":    func(s string) bool { return s == "r:tttt" },
+		"gtrunc.read-past":     func(s string) bool { return s == "SIGBUS" },
+		"gtrunc.size":          func(s string) bool { return s == "4096" },
+		"gunlink.rm":           func(s string) bool { return s == "ok" },
+		"gunlink.read":         func(s string) bool { return s == "r:uuuu" },
+		"gunlink.store":        func(s string) bool { return s == "ok" },
+		"gunlink.reread":       func(s string) bool { return s == "r:UNLK" },
+		"hunlink.read":         func(s string) bool { return s == "r:hhhh" },
+		"c1.mount1":            func(s string) bool { return s == "HOSTWROTE" },
+		"c1.mount2":            func(s string) bool { return s == "GUESTSTORE" },
+		"c1.mount3":            func(s string) bool { return s == "HOSTWROTE" },
 	}
 	for _, mnt := range []string{"mount1", "mount2", "mount3"} {
 		for name, sum := range sums {

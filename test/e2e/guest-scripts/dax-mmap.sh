@@ -2,7 +2,8 @@
 # truncate and unlink of a mapped file from the guest and from the host, a
 # second mount in the same boot, and a reboot with live mappings. Boot with
 # e2e.mount=0 and e2e.daxpart=PART:
-#   coherence   mount dax=always; host write seen in the guest's live mapping;
+#   coherence   mount dax=always; host write seen in the guest's live mapping
+#               (in a whole page, and in the last partial page: a tail);
 #               guest store seen by a host read (before and after msync); guest
 #               truncate and unlink of a mapped file; host unlink of a mapped
 #               file; umount + mount dax=always again and read everything back
@@ -13,11 +14,11 @@
 #   hosttrunc   mount dax=always, map a 4 MiB file and touch both slots, the host
 #               truncates it to 4096 bytes, the guest reads below and past the
 #               new end (this can end QEMU: the host records how).
-# The host made, before the boot: c1 (8192 bytes of 'a'), t1 and u1 and hu1
+# The host made, before the boot: c1 (8192 bytes of 'a'), c2 (5000 of 'b'), t1 and u1 and hu1
 # (8192 bytes each), ht1 (4 MiB), and h-SIZE files.
 #
 # Output: E2E-RESULT mmap.KEY VALUE per check; the host asks are
-# E2E-ASK dax-boot, host-write-c1, host-read-c1-nosync, host-read-c1-sync,
+# E2E-ASK dax-boot, host-write-c1, host-write-c2, host-read-c1-nosync, host-read-c1-sync,
 # host-unlink-hu1, host-truncate-ht1.
 
 # map_open FILE: fsops mapsh on FILE in the background, commands through fd 3.
@@ -92,6 +93,15 @@ coherence() {
 	res host-read-nosync "$(e2e_ask host-read-c1-nosync)"
 	res msync "$(map_cmd s)"
 	res host-read-sync "$(e2e_ask host-read-c1-sync)"
+	map_close
+
+	# A host write into the last partial page of a mapped file (the
+	# daemon maps it from a copy, refreshed when inotify reports the write)
+	# seen in the guest's live mapping.
+	map_open /mnt/c2
+	res tail.open "$(sed -n 1p /tmp/map.out)"
+	e2e_ask host-write-c2 >/dev/null
+	res tail.host-write-seen "$(map_cmd 'p 4200 HOSTTAIL 5000')"
 	map_close
 
 	# The guest truncates a file it has mapped: past the new end faults.
